@@ -1,0 +1,67 @@
+"""dfpubsub: reliable, distributed publish/subscribe of versioned change events.
+
+Publishers stamp every event with a per-publisher id and a per-topic sequence
+number; subscribers detect gaps, wait a short window for late messages, and
+otherwise resync the affected topics from the source of truth. Transports are
+pluggable drivers (``memory``, ``zmq``, ...) found through entry points.
+"""
+
+from .api import Driver, PublisherTransport, SubscriberTransport
+from .cache import CachedObject, Change, VersionedCache
+from .config import Settings, load_settings
+from .errors import (
+    ClosedError,
+    ConfigError,
+    DecodeError,
+    DfPubSubError,
+    DriverNotFound,
+    InvalidEvent,
+    PayloadTooLarge,
+    ProtocolError,
+    TransportError,
+)
+from .events import CONTROL_TOPIC, Action, Bye, Event, EventBatch, Hello
+from .factory import create_driver, create_publisher, create_subscriber
+from .publisher import Publisher, PublisherOptions
+from .registry import available_drivers, load_driver
+from .subscriber import Subscriber, SubscriberOptions
+from .tracker import ResyncRequest, SequenceTracker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action",
+    "Bye",
+    "CONTROL_TOPIC",
+    "CachedObject",
+    "Change",
+    "ClosedError",
+    "ConfigError",
+    "DecodeError",
+    "DfPubSubError",
+    "Driver",
+    "DriverNotFound",
+    "Event",
+    "EventBatch",
+    "Hello",
+    "InvalidEvent",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "Publisher",
+    "PublisherOptions",
+    "PublisherTransport",
+    "ResyncRequest",
+    "SequenceTracker",
+    "Settings",
+    "Subscriber",
+    "SubscriberOptions",
+    "SubscriberTransport",
+    "TransportError",
+    "VersionedCache",
+    "available_drivers",
+    "create_driver",
+    "create_publisher",
+    "create_subscriber",
+    "load_driver",
+    "load_settings",
+]

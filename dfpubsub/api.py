@@ -1,0 +1,100 @@
+"""The driver API: what a pub/sub transport must provide.
+
+A driver moves opaque frames on topics; it knows nothing of sequences, hellos
+or resyncs, which the core (:mod:`dfpubsub.publisher`, :mod:`dfpubsub.subscriber`)
+adds on top of any driver. Drivers register a :class:`Driver` subclass under
+the entry-point group ``dfpubsub.drivers`` (see :mod:`dfpubsub.registry`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from .metrics import Stats
+
+__all__ = ["Driver", "PublisherTransport", "SubscriberTransport"]
+
+
+class PublisherTransport(abc.ABC):
+    """Sends frames. The core calls it under one lock, so it need not be thread-safe."""
+
+    @abc.abstractmethod
+    def send(self, topic: str, frame: bytes) -> None:
+        """Send one envelope frame on ``topic`` (control frames use ``CONTROL_TOPIC``).
+
+        May drop silently where the transport does (ZeroMQ PUB at its high-water
+        mark): subscribers detect the loss by sequence. Raises
+        :class:`~dfpubsub.errors.TransportError` when the transport failed.
+        """
+
+    def new_subscribers(self) -> bool:
+        """True if a subscriber appeared since the last call (the core then says hello).
+
+        Transports that cannot tell return False; subscribers still learn the
+        publisher's sequences from the periodic hello.
+        """
+        return False
+
+    @property
+    def uri(self) -> str:
+        """Where subscribers reach this publisher (registered in discovery)."""
+        return ""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release sockets and connections; sending afterwards is an error."""
+
+
+class SubscriberTransport(abc.ABC):
+    """Receives frames of subscribed topics.
+
+    ``recv`` is called from the subscriber's receive thread only; every other
+    method may be called from any thread.
+    """
+
+    @abc.abstractmethod
+    def subscribe(self, topic: str) -> None:
+        """Start receiving ``topic`` (exact match; the core re-checks)."""
+
+    @abc.abstractmethod
+    def unsubscribe(self, topic: str) -> None:
+        """Stop receiving ``topic``."""
+
+    def connect(self, uri: str) -> None:
+        """Add a publisher endpoint (for drivers where subscribers connect to publishers)."""
+
+    def disconnect(self, uri: str) -> None:
+        """Remove a publisher endpoint added with :meth:`connect`."""
+
+    @abc.abstractmethod
+    def recv(self, timeout: float) -> list[bytes]:
+        """Wait up to ``timeout`` seconds and return the envelope frames received (maybe none)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop receiving; a blocked :meth:`recv` returns promptly."""
+
+
+class Driver(abc.ABC):
+    """A pub/sub backend: a factory of publisher and subscriber transports.
+
+    ``url`` is the transport address, such as ``tcp://127.0.0.1:8866`` for
+    ``zmq+tcp://127.0.0.1:8866``; ``options`` are the driver's own settings
+    (the ``[driver.<name>]`` table of the config), validated at construction.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, url: str | None = None, options: Mapping[str, Any] | None = None):
+        self.url = url
+        self.options = dict(options or {})
+
+    @abc.abstractmethod
+    def publisher(self, stats: Stats) -> PublisherTransport:
+        """Create a publisher transport (binds or connects as the driver requires)."""
+
+    @abc.abstractmethod
+    def subscriber(self, stats: Stats) -> SubscriberTransport:
+        """Create a subscriber transport."""

@@ -1,0 +1,192 @@
+"""Settings: declared once here, loaded from a TOML file, the environment and flags.
+
+Precedence, highest first: command-line flags (``--pubsub.max-idle-time 3``),
+environment (``DFPUBSUB_PUBSUB__MAX_IDLE_TIME=3``), the TOML file
+(``--config`` or ``$DFPUBSUB_CONFIG``; sample in ``etc/dfpubsub.toml``), then
+the defaults below. Everything is validated at start-up; a bad value raises
+:class:`~dfpubsub.errors.ConfigError` naming the setting and its source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .errors import ConfigError
+
+__all__ = [
+    "PubSubSettings",
+    "CacheSettings",
+    "LogSettings",
+    "MetricsSettings",
+    "Settings",
+    "load_settings",
+    "add_config_arguments",
+    "settings_from_args",
+]
+
+CONFIG_ENV = "DFPUBSUB_CONFIG"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PubSubSettings(_Section):
+    """``[pubsub]``: the transport and the reliability protocol."""
+
+    driver: str = Field("zmq+tcp://127.0.0.1:8866", description="Driver name or URL, e.g. zmq+tcp://host:port, memory.")
+    publisher_name: str = Field("", description="Stable, human-readable publisher name (default: host:object).")
+    topics: list[str] = Field(default_factory=list, description="Topics a subscriber takes.")
+    max_idle_time: float = Field(5.0, gt=0, description="Seconds of silence after which a publisher says hello.")
+    message_delay_window: float = Field(0.5, gt=0, description="Seconds a subscriber waits for a missing message.")
+    batch_max_events: int = Field(128, ge=1, description="Events per envelope at most.")
+    batch_max_bytes: int = Field(256 * 1024, ge=256, description="Bytes of events per envelope at most.")
+    batch_linger: float = Field(0.002, ge=0, description="Seconds a partial batch waits for more events (0: no batching).")
+    max_message_bytes: int = Field(1 << 20, ge=1024, description="Largest envelope sent or accepted, bytes.")
+    queue_size: int = Field(4096, ge=1, description="Envelopes buffered between receive and dispatch.")
+    max_held: int = Field(1024, ge=1, description="Envelopes held per stream while a gap is open.")
+    resync_base_interval: float = Field(0.1, ge=0, description="Least seconds between two resyncs.")
+    resync_max_interval: float = Field(5.0, gt=0, description="Most seconds of resync backoff.")
+    dead_after_idles: float = Field(3.0, ge=2, description="A publisher silent this many max_idle_times is dead.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PubSubSettings":
+        if self.batch_max_bytes > self.max_message_bytes:
+            raise ValueError("batch_max_bytes must not exceed max_message_bytes")
+        if self.resync_max_interval < self.resync_base_interval:
+            raise ValueError("resync_max_interval must be at least resync_base_interval")
+        if self.batch_linger >= self.message_delay_window:
+            raise ValueError("batch_linger must be well under message_delay_window")
+        return self
+
+
+class CacheSettings(_Section):
+    """``[cache]``: the subscriber's versioned cache."""
+
+    tombstone_horizon: float = Field(300.0, gt=0, description="Seconds a delete's tombstone blocks older updates.")
+
+
+class LogSettings(_Section):
+    """``[log]``."""
+
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    format: Literal["json", "text"] = Field("json", description="json (one object per line) or text.")
+
+
+class MetricsSettings(_Section):
+    """``[metrics]``: the Prometheus endpoint."""
+
+    port: int = Field(0, ge=0, le=65535, description="HTTP port of /metrics (0: off).")
+    addr: str = Field("127.0.0.1", description="Address the metrics server binds.")
+
+
+class Settings(BaseSettings):
+    """All settings. ``driver`` holds each driver's own table, validated by the driver."""
+
+    model_config = SettingsConfigDict(env_prefix="DFPUBSUB_", env_nested_delimiter="__", extra="forbid")
+
+    pubsub: PubSubSettings = Field(default_factory=PubSubSettings)
+    driver: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.cache.tombstone_horizon <= self.pubsub.message_delay_window * 10:
+            raise ValueError("cache.tombstone_horizon must be far longer than pubsub.message_delay_window")
+        return self
+
+    def driver_options(self, name: str) -> dict[str, Any]:
+        """The ``[driver.<name>]`` table."""
+        return dict(self.driver.get(name, {}))
+
+
+class _DictSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]):
+        super().__init__(settings_cls)
+        self.data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return self.data
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def _explain(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        lines.append(f"  {loc}: {err['msg']}{got}")
+    return f"invalid configuration ({source}):\n" + "\n".join(lines)
+
+
+def load_settings(config_file: str | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Load and validate settings: ``overrides`` (flags) > environment > file > defaults."""
+    path = config_file or os.environ.get(CONFIG_ENV) or None
+    file_data = _read_toml(path) if path else {}
+
+    class _Loaded(Settings):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, *_: Any):  # type: ignore[override]
+            return (init_settings, env_settings, _DictSource(settings_cls, file_data))
+
+    try:
+        loaded = _Loaded(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, f"file {path}, environment, flags" if path else "environment, flags")) from exc
+    return Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
+
+
+_SECTIONS: dict[str, type[_Section]] = {
+    "pubsub": PubSubSettings,
+    "cache": CacheSettings,
+    "log": LogSettings,
+    "metrics": MetricsSettings,
+}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and one ``--section.field`` flag per setting to ``parser``."""
+    parser.add_argument("--config", metavar="FILE", help=f"TOML config file (default: ${CONFIG_ENV})")
+    group = parser.add_argument_group("settings (override the config file and environment)")
+    for section, model in _SECTIONS.items():
+        for name, info in model.model_fields.items():
+            group.add_argument(
+                f"--{section}.{name.replace('_', '-')}",
+                dest=f"set__{section}__{name}",
+                metavar=name.upper(),
+                help=f"{info.description} [default: {info.get_default(call_default_factory=True)!r}]",
+            )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Build :class:`Settings` from a namespace made by a parser with :func:`add_config_arguments`."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for dest, value in vars(args).items():
+        if not dest.startswith("set__") or value is None:
+            continue
+        _, section, name = dest.split("__", 2)
+        field = _SECTIONS[section].model_fields[name]
+        if getattr(field.annotation, "__origin__", None) is list:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        overrides.setdefault(section, {})[name] = value
+    return load_settings(args.config, overrides)

@@ -1,0 +1,132 @@
+"""The event model: change events and the envelopes that carry them.
+
+An :class:`Event` is the change of one object. Events travel in envelopes:
+an :class:`EventBatch` carries one or more events of one topic with consecutive
+sequence numbers; a :class:`Hello` and a :class:`Bye` are control messages
+that tell subscribers the publisher's current sequence per topic.
+See docs/protocol.md for the wire form.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidEvent
+
+__all__ = [
+    "Action",
+    "Event",
+    "EventBatch",
+    "Hello",
+    "Bye",
+    "Envelope",
+    "CONTROL_TOPIC",
+    "MAX_TOPIC_BYTES",
+    "validate_topic",
+]
+
+#: Topic on which hellos and byes travel; every subscriber listens to it.
+CONTROL_TOPIC = "$ctl"
+#: Longest topic name, in UTF-8 bytes.
+MAX_TOPIC_BYTES = 255
+
+
+class Action(str, enum.Enum):
+    """What happened to the object."""
+
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+#: Wire string -> Action; a dict lookup is much cheaper than ``Action(s)`` on the hot path.
+ACTIONS: dict[str, Action] = {a.value: a for a in Action}
+
+
+@dataclass(slots=True)
+class Event:
+    """A change of one object.
+
+    ``version`` is assigned by the northbound DB and strictly increases per
+    object; ``value`` is the object after the change (``None`` on delete);
+    ``timestamp`` is when the change was made (Unix seconds).
+    ``publisher_id`` and ``seq`` are filled in on the subscriber side from the
+    envelope; a publisher ignores them.
+    """
+
+    topic: str
+    table: str
+    key: str
+    action: Action
+    version: int
+    value: Any = None
+    timestamp: float = 0.0
+    publisher_id: str = ""
+    seq: int = 0
+
+
+@dataclass(slots=True)
+class EventBatch:
+    """Events of one topic from one publisher; event ``i`` has sequence ``seq + i``."""
+
+    publisher_id: str
+    publisher_name: str
+    topic: str
+    seq: int
+    sent_at: float
+    events: list[Event]
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last event in the batch."""
+        return self.seq + len(self.events) - 1
+
+
+@dataclass(slots=True)
+class Hello:
+    """Heartbeat: the last sequence number sent on each topic the publisher used.
+
+    ``reason`` is ``start``, ``idle`` or ``welcome`` (a new subscriber was seen).
+    ``max_idle_time`` lets subscribers tell a silent publisher from a dead one.
+    """
+
+    publisher_id: str
+    publisher_name: str
+    sent_at: float
+    seqs: dict[str, int] = field(default_factory=dict)
+    reason: str = "idle"
+    max_idle_time: float = 0.0
+    host: str = ""
+
+
+@dataclass(slots=True)
+class Bye:
+    """Sent by a publisher that closes cleanly, with its final sequence per topic."""
+
+    publisher_id: str
+    publisher_name: str
+    sent_at: float
+    seqs: dict[str, int] = field(default_factory=dict)
+
+
+Envelope = EventBatch | Hello | Bye
+
+
+def validate_topic(topic: object) -> str:
+    """Return ``topic`` if it is a valid topic name, else raise :class:`InvalidEvent`.
+
+    A topic is a non-empty UTF-8 string of at most 255 bytes, without NUL
+    (ZeroMQ frames end topics with NUL) and not starting with ``$`` (reserved
+    for control topics).
+    """
+    if not isinstance(topic, str) or not topic:
+        raise InvalidEvent(f"topic must be a non-empty str, got {topic!r}")
+    if "\x00" in topic:
+        raise InvalidEvent(f"topic must not contain NUL: {topic!r}")
+    if topic.startswith("$"):
+        raise InvalidEvent(f"topics starting with '$' are reserved: {topic!r}")
+    if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES:
+        raise InvalidEvent(f"topic longer than {MAX_TOPIC_BYTES} bytes: {topic[:40]!r}...")
+    return topic

@@ -1,0 +1,102 @@
+"""Counters of publishers and subscribers, exported to Prometheus.
+
+Each component owns a :class:`Stats` (plain integers, cheap on the hot path);
+one Prometheus collector reads all live ones at scrape time, so publishing an
+event never takes prometheus-client's locks.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+
+__all__ = ["Stats", "register_collector", "start_metrics_server"]
+
+_live: "weakref.WeakSet[Stats]" = weakref.WeakSet()
+_registered = False
+_register_lock = threading.Lock()
+
+#: Help strings of every counter; the exported name is ``dfpubsub_<name>_total``.
+COUNTERS: dict[str, str] = {
+    "events_in": "Events delivered to handlers.",
+    "events_out": "Events handed to the transport.",
+    "envelopes_in": "Envelopes decoded.",
+    "envelopes_out": "Envelopes sent.",
+    "hellos_in": "Hello messages received.",
+    "hellos_out": "Hello messages sent.",
+    "duplicates": "Events dropped as duplicates.",
+    "gaps": "Sequence gaps opened.",
+    "gaps_filled": "Gaps closed by late messages within the delay window.",
+    "resync_requests": "Resyncs requested, by reason.",
+    "resyncs": "Resyncs run.",
+    "resync_failures": "Resync callbacks that raised.",
+    "decode_errors": "Frames that failed to decode, by reason.",
+    "drops": "Messages dropped, by reason.",
+    "handler_errors": "Event handlers that raised.",
+    "send_errors": "Transport send failures.",
+}
+
+
+class Stats:
+    """Named counters of one component, optionally split by a ``reason`` label."""
+
+    __slots__ = ("role", "name", "counts", "__weakref__")
+
+    def __init__(self, role: str, name: str):
+        self.role = role
+        self.name = name
+        self.counts: dict[tuple[str, str], int] = {}
+        _live.add(self)
+
+    def inc(self, counter: str, n: int = 1, reason: str = "") -> None:
+        """Add ``n`` to ``counter`` (with an optional ``reason`` label)."""
+        key = (counter, reason)
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def get(self, counter: str, reason: str | None = None) -> int:
+        """Current value; with ``reason=None`` the sum over all reasons."""
+        if reason is not None:
+            return self.counts.get((counter, reason), 0)
+        return sum(v for (c, _), v in list(self.counts.items()) if c == counter)
+
+    def snapshot(self) -> dict[str, int]:
+        """All counters as ``{"name" or "name:reason": value}``."""
+        return {f"{c}:{r}" if r else c: v for (c, r), v in sorted(self.counts.items())}
+
+
+class _Collector:
+    def collect(self) -> Iterator[object]:
+        from prometheus_client.core import CounterMetricFamily
+
+        families: dict[str, CounterMetricFamily] = {}
+        for stats in list(_live):
+            for (counter, reason), value in list(stats.counts.items()):
+                fam = families.get(counter)
+                if fam is None:
+                    fam = families[counter] = CounterMetricFamily(
+                        f"dfpubsub_{counter}", COUNTERS.get(counter, counter),
+                        labels=["role", "name", "reason"],
+                    )
+                fam.add_metric([stats.role, stats.name, reason], value)
+        yield from families.values()
+
+
+def register_collector() -> None:
+    """Register the dfpubsub collector with prometheus-client's default registry (once)."""
+    global _registered
+    with _register_lock:
+        if not _registered:
+            from prometheus_client import REGISTRY
+
+            REGISTRY.register(_Collector())
+            _registered = True
+
+
+def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` over HTTP on ``addr:port`` (0 disables it)."""
+    if port:
+        from prometheus_client import start_http_server
+
+        register_collector()
+        start_http_server(port, addr=addr)

@@ -1,0 +1,259 @@
+"""The reliable publisher: sequence numbers, micro-batching and hellos over any driver.
+
+Every event gets the next sequence number of its topic. Events of a topic are
+gathered into one envelope until ``batch_max_events`` or ``batch_max_bytes``
+is reached or ``batch_linger`` has passed since the first one; a linger of 0
+turns batching off. A background thread flushes lingering batches and sends a
+hello when the publisher starts, when a new subscriber appears, and whenever
+its quietest topic has been silent for ``max_idle_time`` since the last hello.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .api import PublisherTransport
+from .codec import DEFAULT_MAX_MESSAGE_BYTES, BatchHeader, encode_batch, encode_bye, encode_hello, pack_event
+from .errors import ClosedError, InvalidEvent, PayloadTooLarge, TransportError
+from .events import ACTIONS, CONTROL_TOPIC, Action, Bye, Event, Hello, validate_topic
+from .metrics import Stats
+
+__all__ = ["Publisher", "PublisherOptions"]
+
+log = logging.getLogger(__name__)
+
+#: How often the background thread looks for new subscribers (seconds).
+_WELCOME_POLL = 0.1
+
+
+@dataclass(slots=True)
+class PublisherOptions:
+    """Tuning of a :class:`Publisher` (see the ``[pubsub]`` config section)."""
+
+    max_idle_time: float = 5.0
+    batch_max_events: int = 128
+    batch_max_bytes: int = 256 * 1024
+    batch_linger: float = 0.002
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass(slots=True)
+class _Batch:
+    seq: int
+    deadline: float
+    events: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+
+class Publisher:
+    """Publishes change events reliably through ``transport``.
+
+    Thread-safe. ``name`` is stable and meant for people; ``id`` is new at
+    every start, so a restarted process is a new publisher to subscribers.
+    ``stats`` may be shared with the transport so that its drops count here too.
+    """
+
+    def __init__(
+        self,
+        transport: PublisherTransport,
+        name: str = "",
+        options: PublisherOptions | None = None,
+        stats: Stats | None = None,
+    ):
+        self.transport = transport
+        self.options = opts = options or PublisherOptions()
+        if opts.batch_max_bytes > opts.max_message_bytes:
+            opts.batch_max_bytes = opts.max_message_bytes
+        self.id = uuid.uuid4().hex
+        self.name = name or f"{socket.gethostname()}:{id(self):x}"
+        self.stats = stats or Stats("publisher", self.name)
+        self._host = socket.gethostname()
+        self._cond = threading.Condition()
+        self._seqs: dict[str, int] = {}
+        self._headers: dict[str, BatchHeader] = {}
+        self._batches: dict[str, _Batch] = {}
+        self._topic_sent: dict[str, float] = {}
+        self._closed = False
+        now = time.monotonic()
+        self._last_hello = now
+        self._last_send = now
+        with self._cond:
+            self._send_hello("start")
+        self._thread = threading.Thread(target=self._run, name=f"dfpubsub-pub-{self.name}", daemon=True)
+        self._thread.start()
+
+    # -- publishing ----------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        table: str,
+        key: str,
+        action: Action | str,
+        version: int,
+        value: Any = None,
+        timestamp: float | None = None,
+    ) -> int:
+        """Publish one change; return its sequence number on ``topic``.
+
+        Raises :class:`InvalidEvent` for a bad field, :class:`PayloadTooLarge`
+        when the event cannot fit in one message, :class:`ClosedError` after
+        :meth:`close`. Transport failures are not raised: the event is counted
+        as dropped and subscribers repair the loss by resync.
+        """
+        header = self._headers.get(topic)
+        if header is None:
+            header = self._header(topic)
+        act = ACTIONS.get(action) if type(action) is str else action
+        if act is None or not isinstance(act, Action):
+            raise InvalidEvent(f"action must be one of {sorted(ACTIONS)}, got {action!r}")
+        if type(table) is not str or not table or type(key) is not str:
+            raise InvalidEvent(f"table and key must be strings, got {table!r}, {key!r}")
+        if type(version) is not int or version < 0:
+            raise InvalidEvent(f"version must be a non-negative int, got {version!r}")
+        packed = pack_event(table, key, act.value, version, value, time.time() if timestamp is None else timestamp)
+        size = len(packed)
+        if size + header.overhead > self.options.max_message_bytes:
+            raise PayloadTooLarge(
+                f"event {table}/{key} is {size} bytes packed; the limit is "
+                f"{self.options.max_message_bytes - header.overhead} (max_message_bytes)"
+            )
+        opts = self.options
+        with self._cond:
+            if self._closed:
+                raise ClosedError("publisher is closed")
+            seq = self._seqs.get(topic, 0) + 1
+            self._seqs[topic] = seq
+            batch = self._batches.get(topic)
+            if batch is not None and batch.size + size > opts.batch_max_bytes:
+                self._flush_topic(topic)
+                batch = None
+            if batch is None:
+                batch = self._batches[topic] = _Batch(seq, time.monotonic() + opts.batch_linger)
+                if len(self._batches) == 1:
+                    self._cond.notify()
+            batch.events.append(packed)
+            batch.size += size
+            if len(batch.events) >= opts.batch_max_events or opts.batch_linger <= 0:
+                self._flush_topic(topic)
+        return seq
+
+    def publish_event(self, event: Event) -> int:
+        """Publish an :class:`Event` (its ``publisher_id`` and ``seq`` are ignored)."""
+        return self.publish(
+            event.topic, event.table, event.key, event.action, event.version, event.value, event.timestamp or None
+        )
+
+    def flush(self) -> None:
+        """Send every pending batch now."""
+        with self._cond:
+            for topic in list(self._batches):
+                self._flush_topic(topic)
+
+    def hello(self, reason: str = "idle") -> None:
+        """Flush, then send a hello with the current sequence of every topic."""
+        with self._cond:
+            if self._closed:
+                raise ClosedError("publisher is closed")
+            self._send_hello(reason)
+
+    def sequences(self) -> dict[str, int]:
+        """Last sequence number assigned per topic."""
+        with self._cond:
+            return dict(self._seqs)
+
+    def close(self) -> None:
+        """Flush, say bye to subscribers, stop the background thread, close the transport."""
+        with self._cond:
+            if self._closed:
+                return
+            for topic in list(self._batches):
+                self._flush_topic(topic)
+            self._send(CONTROL_TOPIC, encode_bye(Bye(self.id, self.name, time.time(), dict(self._seqs))))
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+        self.transport.close()
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals (called with the lock held) ---------------------------------
+
+    def _header(self, topic: str) -> BatchHeader:
+        validate_topic(topic)
+        with self._cond:
+            header = self._headers.get(topic)
+            if header is None:
+                header = self._headers[topic] = BatchHeader(self.id, self.name, topic)
+            return header
+
+    def _flush_topic(self, topic: str) -> None:
+        batch = self._batches.pop(topic)
+        frame = encode_batch(self._headers[topic], batch.seq, time.time(), batch.events)
+        if self._send(topic, frame):
+            self.stats.inc("events_out", len(batch.events))
+            self.stats.inc("envelopes_out")
+        else:
+            self.stats.inc("drops", len(batch.events), reason="send_failed")
+        self._topic_sent[topic] = self._last_send
+
+    def _send(self, topic: str, frame: bytes) -> bool:
+        try:
+            self.transport.send(topic, frame)
+        except TransportError as exc:
+            self.stats.inc("send_errors")
+            log.warning("publish failed; subscribers will resync", extra={"topic": topic, "error": str(exc)})
+            return False
+        finally:
+            self._last_send = time.monotonic()
+        return True
+
+    def _send_hello(self, reason: str) -> None:
+        for topic in list(self._batches):
+            self._flush_topic(topic)
+        hello = Hello(
+            self.id, self.name, time.time(), dict(self._seqs), reason, self.options.max_idle_time, self._host
+        )
+        if self._send(CONTROL_TOPIC, encode_hello(hello)):
+            self.stats.inc("hellos_out", reason=reason)
+        self._last_hello = time.monotonic()
+
+    def _idle_hello_due(self, now: float) -> float:
+        """When the next idle hello is due (monotonic time)."""
+        quietest = min(self._topic_sent.values(), default=self._last_send)
+        return max(self._last_hello, quietest) + self.options.max_idle_time
+
+    def _run(self) -> None:
+        max_idle = self.options.max_idle_time
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                wake = now + _WELCOME_POLL
+                for topic, batch in list(self._batches.items()):
+                    if batch.deadline <= now:
+                        self._flush_topic(topic)
+                    else:
+                        wake = min(wake, batch.deadline)
+                try:
+                    welcome = self.transport.new_subscribers()
+                except TransportError:
+                    welcome = False
+                if welcome:
+                    self._send_hello("welcome")
+                if max_idle > 0:
+                    due = self._idle_hello_due(now)
+                    if due <= now:
+                        self._send_hello("idle")
+                        due = self._idle_hello_due(now)
+                    wake = min(wake, due)
+                self._cond.wait(max(0.0, wake - time.monotonic()))

@@ -1,0 +1,314 @@
+"""The reliable subscriber: decode, track sequences, deliver in order, resync what was lost.
+
+Two threads: the *receive* thread reads frames from the transport, decodes
+them and runs the :class:`~dfpubsub.tracker.SequenceTracker`; the *dispatch*
+thread calls the event handler and the resync callback, one at a time, so a
+handler never races a resync. Between them sits a bounded queue; when it
+overflows the envelope is dropped, counted, and its topic resynced.
+
+At start every topic is resynced once (the initial full sync), after the
+subscription is in place: events that arrive meanwhile wait in the queue and
+are delivered after it, and the cache keeps only what is newer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .api import SubscriberTransport
+from .codec import DEFAULT_MAX_MESSAGE_BYTES, decode
+from .errors import ClosedError, DecodeError
+from .events import CONTROL_TOPIC, Event, EventBatch, validate_topic
+from .logs import RateLimitedLog
+from .metrics import Stats
+from .resync import ResyncScheduler
+from .tracker import ResyncRequest, SequenceTracker
+
+__all__ = ["Subscriber", "SubscriberOptions", "EventHandler", "ResyncHandler"]
+
+log = logging.getLogger(__name__)
+
+EventHandler = Callable[[Event], None]
+#: Called with the topics to resync; must list the source of truth and reconcile.
+ResyncHandler = Callable[[set[str]], None]
+
+_STOP = object()
+#: Upper bound on how long a thread sleeps before it looks at its stop flag.
+_POLL = 0.1
+
+
+@dataclass(slots=True)
+class SubscriberOptions:
+    """Tuning of a :class:`Subscriber` (see the ``[pubsub]`` config section)."""
+
+    message_delay_window: float = 0.5
+    queue_size: int = 4096
+    max_held: int = 1024
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    resync_base_interval: float = 0.1
+    resync_max_interval: float = 5.0
+    dead_after_idles: float = 3.0
+    initial_sync: bool = True
+
+
+class Subscriber:
+    """Receives events of ``topics`` through ``transport`` and hands them to ``on_event``.
+
+    ``on_resync(topics)`` is called (on the dispatch thread) when the topics
+    must be reconciled against the source of truth; without it, lost messages
+    are only counted. ``on_gap(request)`` observes every resync request as it
+    is made (on the receive thread; keep it quick). ``stats`` may be shared
+    with the transport so that its drops count here too.
+    """
+
+    def __init__(
+        self,
+        transport: SubscriberTransport,
+        topics: Iterable[str],
+        on_event: EventHandler,
+        on_resync: ResyncHandler | None = None,
+        options: SubscriberOptions | None = None,
+        name: str = "subscriber",
+        on_gap: Callable[[ResyncRequest], None] | None = None,
+        stats: Stats | None = None,
+    ):
+        self.transport = transport
+        self.options = opts = options or SubscriberOptions()
+        self.name = name
+        self.stats = stats or Stats("subscriber", name)
+        self.on_event = on_event
+        self.on_resync = on_resync
+        self.on_gap = on_gap
+        self._topics: frozenset[str] = frozenset(validate_topic(t) for t in topics)
+        self.tracker = SequenceTracker(
+            self._topics, opts.message_delay_window, self.stats, opts.max_held, opts.dead_after_idles
+        )
+        self.scheduler = ResyncScheduler(opts.resync_base_interval, opts.resync_max_interval)
+        self.synced = threading.Event()
+        self._synced_topics: set[str] = set()
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=opts.queue_size)
+        self._commands: deque[Callable[[], None]] = deque()
+        self._running = False
+        self._closed = False
+        self._badlog = RateLimitedLog(log)
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def topics(self) -> frozenset[str]:
+        """The subscribed topics."""
+        return self._topics
+
+    def start(self) -> "Subscriber":
+        """Subscribe, then start the threads; the initial sync runs first thing."""
+        if self._closed:
+            raise ClosedError("subscriber is closed")
+        self.transport.subscribe(CONTROL_TOPIC)
+        for topic in self._topics:
+            self.transport.subscribe(topic)
+        if self.options.initial_sync and self.on_resync is not None and self._topics:
+            self.scheduler.request(self._topics)
+        else:
+            self._synced_topics.update(self._topics)
+            self.synced.set()
+        self._running = True
+        self._threads = [
+            threading.Thread(target=self._receive_loop, name=f"dfpubsub-recv-{self.name}", daemon=True),
+            threading.Thread(target=self._dispatch_loop, name=f"dfpubsub-disp-{self.name}", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def subscribe(self, topic: str) -> None:
+        """Add a topic at run time; it is synced before its events count as complete."""
+        validate_topic(topic)
+        if topic in self._topics:
+            return
+        self._set_topics(self._topics | {topic})
+        self.transport.subscribe(topic)
+        if self.on_resync is not None:
+            self._mark_unsynced({topic})
+            self._request(ResyncRequest(topic, "subscribed"))
+
+    def unsubscribe(self, topic: str) -> None:
+        """Remove a topic at run time."""
+        if topic not in self._topics:
+            return
+        self._set_topics(self._topics - {topic})
+        self.transport.unsubscribe(topic)
+        self._commands.append(lambda: self.tracker.forget_topic(topic))
+
+    def connect(self, uri: str) -> None:
+        """Add a publisher endpoint (drivers where subscribers connect to publishers)."""
+        self.transport.connect(uri)
+
+    def disconnect(self, uri: str) -> None:
+        """Remove a publisher endpoint."""
+        self.transport.disconnect(uri)
+
+    def is_synced(self, topic: str) -> bool:
+        """Whether ``topic`` has been synced since it was subscribed."""
+        return topic in self._synced_topics
+
+    def request_resync(self, topics: Iterable[str], reason: str = "manual") -> None:
+        """Ask for a resync of ``topics`` (coalesced and rate-limited)."""
+        for topic in topics:
+            self._request(ResyncRequest(topic, reason))
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Block until every topic was synced once; return whether that happened."""
+        return self.synced.wait(timeout)
+
+    def close(self) -> None:
+        """Stop both threads and close the transport; queued events are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        self._running = False
+        self.transport.close()
+        try:
+            self._queue.put_nowait(_STOP)
+        except queue.Full:
+            pass
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def __enter__(self) -> "Subscriber":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- receive thread ----------------------------------------------------------
+
+    def _set_topics(self, topics: frozenset[str]) -> None:
+        # Copy-on-write: the receive thread only reads the reference.
+        self._topics = topics
+        self.tracker.topics = topics
+
+    def _receive_loop(self) -> None:
+        tracker = self.tracker
+        stats = self.stats
+        max_bytes = self.options.max_message_bytes
+        next_tick = 0.0
+        while self._running:
+            while self._commands:
+                self._commands.popleft()()
+            now = time.monotonic()
+            deadline = tracker.next_deadline()
+            timeout = _POLL if deadline is None else min(_POLL, max(0.0, deadline - now))
+            try:
+                frames = self.transport.recv(timeout)
+            except ClosedError:
+                return
+            now = time.monotonic()
+            for frame in frames:
+                try:
+                    env = decode(frame, max_bytes)
+                except DecodeError as exc:
+                    stats.inc("decode_errors", reason=exc.reason)
+                    self._badlog.warning(exc.reason, "dropped undecodable frame", error=str(exc))
+                    continue
+                if type(env) is EventBatch:
+                    stats.inc("envelopes_in")
+                    if env.topic not in self._topics:
+                        stats.inc("drops", len(env.events), reason="foreign_topic")
+                        continue
+                    for batch in tracker.on_batch(env, now):
+                        self._enqueue(batch)
+                else:
+                    stats.inc("hellos_in")
+                    tracker.on_hello(env, now)
+            deadline = tracker.next_deadline()
+            if (deadline is not None and deadline <= now) or now >= next_tick:
+                for batch in tracker.tick(now):
+                    self._enqueue(batch)
+                next_tick = now + _POLL * 5
+            if tracker.requests:
+                for req in tracker.pop_requests():
+                    self._request(req)
+
+    def _enqueue(self, batch: EventBatch) -> None:
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:
+            self.stats.inc("drops", len(batch.events), reason="overflow")
+            self._request(ResyncRequest(batch.topic, "overflow", batch.publisher_id, (batch.seq, batch.last_seq)))
+
+    def _request(self, req: ResyncRequest) -> None:
+        self.stats.inc("resync_requests", reason=req.reason)
+        if self.on_gap is not None:
+            self.on_gap(req)
+        if self.on_resync is None or req.topic not in self._topics:
+            return
+        try:
+            # In band, behind the batches released with it, so they are applied first
+            # and the resync only reports what was really missed.
+            self._queue.put_nowait(req)
+        except queue.Full:
+            self.scheduler.request((req.topic,))
+
+    # -- dispatch thread ---------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        get = self._queue.get
+        scheduler = self.scheduler
+        while True:
+            self._maybe_resync()
+            due = scheduler.due()
+            timeout = _POLL if due is None else min(_POLL, max(0.0, due - time.monotonic()))
+            try:
+                item = get(timeout=timeout)
+            except queue.Empty:
+                if not self._running:
+                    return
+                continue
+            if item is _STOP:
+                return
+            if type(item) is EventBatch:
+                self._deliver(item)
+            elif type(item) is ResyncRequest:
+                scheduler.request((item.topic,))
+
+    def _deliver(self, batch: EventBatch) -> None:
+        handler = self.on_event
+        for event in batch.events:
+            try:
+                handler(event)
+            except Exception as exc:  # the handler is user code; one bad event must not kill the thread
+                self.stats.inc("handler_errors")
+                self._badlog.warning("handler", "event handler failed; resyncing its topic",
+                                     topic=event.topic, key=event.key, error=repr(exc))
+                self._request(ResyncRequest(event.topic, "handler_error", event.publisher_id))
+        self.stats.inc("events_in", len(batch.events))
+
+    def _maybe_resync(self) -> None:
+        if self.on_resync is None:
+            return
+        topics = self.scheduler.take(time.monotonic()) & self._topics
+        if not topics:
+            return
+        ok = False
+        try:
+            self.on_resync(set(topics))
+            ok = True
+        except Exception as exc:  # the callback reads a remote DB: any failure means "retry later"
+            self.stats.inc("resync_failures")
+            log.warning("resync failed; will retry with backoff", extra={"topics": sorted(topics), "error": repr(exc)})
+        finally:
+            self.scheduler.done(topics, ok, time.monotonic())
+        if ok:
+            self.stats.inc("resyncs")
+            self._synced_topics.update(topics)
+            if self._topics <= self._synced_topics:
+                self.synced.set()
+
+    def _mark_unsynced(self, topics: set[str]) -> None:
+        self._synced_topics.difference_update(topics)
+        self.synced.clear()

@@ -1,0 +1,3 @@
+"""dfpubsub daemons, installed as ``dfpubsub.services``."""
+
+__all__: list[str] = []
