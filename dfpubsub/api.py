@@ -29,13 +29,13 @@ class PublisherTransport(abc.ABC):
         :class:`~dfpubsub.errors.TransportError` when the transport failed.
         """
 
-    def new_subscribers(self) -> bool:
-        """True if a subscriber appeared since the last call (the core then says hello).
+    def new_subscribers(self) -> int:
+        """How many subscribers appeared since the last call (the core then says hello).
 
-        Transports that cannot tell return False; subscribers still learn the
+        Transports that cannot tell return 0; subscribers still learn the
         publisher's sequences from the periodic hello.
         """
-        return False
+        return 0
 
     @property
     def uri(self) -> str:

@@ -146,7 +146,7 @@ def load_settings(config_file: str | None = None, overrides: dict[str, Any] | No
 
     class _Loaded(Settings):
         @classmethod
-        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, *_: Any):  # type: ignore[override]
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_: Any):  # type: ignore[override]
             return (init_settings, env_settings, _DictSource(settings_cls, file_data))
 
     try:

@@ -55,7 +55,7 @@ class LossyTransport(PublisherTransport):
                 return
         self.inner.send(topic, frame)
 
-    def new_subscribers(self) -> bool:
+    def new_subscribers(self) -> int:
         return self.inner.new_subscribers()
 
     def close(self) -> None:

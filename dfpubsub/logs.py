@@ -59,7 +59,7 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._skipped: dict[str, int] = {}
 
-    def warning(self, key: str, msg: str, **fields: object) -> None:
+    def warning(self, key: str, msg: str, /, **fields: object) -> None:
         """Log ``msg`` with ``fields`` unless ``key`` was logged within the interval."""
         now = time.monotonic()
         if now - self._last.get(key, float("-inf")) < self.interval:

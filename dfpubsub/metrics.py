@@ -35,6 +35,7 @@ COUNTERS: dict[str, str] = {
     "drops": "Messages dropped, by reason.",
     "handler_errors": "Event handlers that raised.",
     "send_errors": "Transport send failures.",
+    "subscribers_joined": "Subscribers a publisher saw join (where the transport tells).",
 }
 
 

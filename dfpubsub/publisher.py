@@ -245,10 +245,11 @@ class Publisher:
                     else:
                         wake = min(wake, batch.deadline)
                 try:
-                    welcome = self.transport.new_subscribers()
+                    joined = self.transport.new_subscribers()
                 except TransportError:
-                    welcome = False
-                if welcome:
+                    joined = 0
+                if joined:
+                    self.stats.inc("subscribers_joined", joined)
                     self._send_hello("welcome")
                 if max_idle > 0:
                     due = self._idle_hello_due(now)

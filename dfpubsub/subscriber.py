@@ -108,9 +108,11 @@ class Subscriber:
         """Subscribe, then start the threads; the initial sync runs first thing."""
         if self._closed:
             raise ClosedError("subscriber is closed")
-        self.transport.subscribe(CONTROL_TOPIC)
+        # Topics before the control topic: a publisher greets the control
+        # subscription with a hello, and by then the topic filters are in place.
         for topic in self._topics:
             self.transport.subscribe(topic)
+        self.transport.subscribe(CONTROL_TOPIC)
         if self.options.initial_sync and self.on_resync is not None and self._topics:
             self.scheduler.request(self._topics)
         else:

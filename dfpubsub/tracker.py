@@ -45,6 +45,7 @@ class _Peer:
     name: str
     last_seen: float
     max_idle: float = 0.0
+    hello_seen: bool = False
     said_bye: bool = False
     streams: dict[str, _Stream] = field(default_factory=dict)
 
@@ -84,10 +85,14 @@ class SequenceTracker:
         topic = batch.topic
         st = peer.streams.get(topic)
         if st is None:
-            st = peer.streams[topic] = _Stream(next=batch.seq)
-            if batch.seq > 1:
-                # Never seen this stream: what came before it may be newer than our last sync.
-                self._request(topic, "first_seen", batch.publisher_id, (1, batch.seq - 1))
+            if peer.hello_seen:
+                # Its hello did not list the topic: the stream began after it, at 1.
+                st = peer.streams[topic] = _Stream(next=1)
+            else:
+                # Never heard of it: what came before may be newer than our last sync.
+                st = peer.streams[topic] = _Stream(next=batch.seq)
+                if batch.seq > 1:
+                    self._request(topic, "first_seen", batch.publisher_id, (1, batch.seq - 1))
         if batch.seq > st.next:
             return self._hold(batch.publisher_id, topic, st, batch, now)
         out: list[EventBatch] = []
@@ -104,6 +109,8 @@ class SequenceTracker:
         """Take a hello or bye: register the publisher, open gaps it reveals."""
         pid = hello.publisher_id
         peer = self._peer(pid, hello.publisher_name, now)
+        seen_before = peer.hello_seen
+        peer.hello_seen = True
         if isinstance(hello, Hello):
             peer.max_idle = hello.max_idle_time
         else:
@@ -113,6 +120,8 @@ class SequenceTracker:
             if topic not in topics:
                 continue
             st = peer.streams.get(topic)
+            if st is None and seen_before:
+                st = peer.streams[topic] = _Stream(next=1)
             if st is None:
                 peer.streams[topic] = _Stream(next=seq + 1)
                 if seq > 0:

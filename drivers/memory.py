@@ -63,10 +63,10 @@ class _MemoryPublisher(PublisherTransport):
             if topic in sub.topics and not sub.offer(frame):
                 self.stats.inc("drops", reason="hwm")
 
-    def new_subscribers(self) -> bool:
+    def new_subscribers(self) -> int:
         joins = self.bus.joins
         seen, self._joins_seen = self._joins_seen, joins
-        return joins != seen
+        return joins - seen
 
     def close(self) -> None:
         self._closed = True

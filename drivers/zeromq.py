@@ -136,13 +136,12 @@ class _ZmqPublisher(PublisherTransport):
         except zmq.ZMQError as exc:
             raise TransportError(f"zmq send failed: {exc}") from exc
 
-    def new_subscribers(self) -> bool:
-        joined = False
+    def new_subscribers(self) -> int:
+        joined = 0
         try:
             while True:
-                msg = self.sock.recv(zmq.NOBLOCK)
-                if msg == _CONTROL_SUBSCRIBE:
-                    joined = True
+                if self.sock.recv(zmq.NOBLOCK) == _CONTROL_SUBSCRIBE:
+                    joined += 1
         except zmq.Again:
             return joined
         except zmq.ZMQError as exc:

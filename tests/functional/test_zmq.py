@@ -1,0 +1,262 @@
+"""The ZeroMQ driver with real sockets on loopback."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from dfpubsub import Publisher, PublisherOptions, Subscriber, SubscriberOptions, TransportError, load_driver
+from dfpubsub.codec import BatchHeader, encode_batch, pack_event
+from dfpubsub.metrics import Stats
+from tests.conftest import wait_for
+
+CHILD = Path(__file__).with_name("zmq_child.py")
+
+
+def make_pub(name="pub", url="zmq+tcp://127.0.0.1:*", options=None, **opts):
+    stats = Stats("publisher", name)
+    transport = load_driver(url, options or {}).publisher(stats)
+    return Publisher(transport, name, PublisherOptions(**{"batch_linger": 0.001, **opts}), stats)
+
+
+class Sink:
+    def __init__(self, topics, endpoints=(), options=None, resync=True, **opts):
+        self.events = []
+        self.resyncs = []
+        self.gaps = []
+        self.lock = threading.Lock()
+        self.stats = Stats("subscriber", "sink")
+        self.sub = Subscriber(
+            load_driver("zmq", options or {}).subscriber(self.stats), topics, self.on_event,
+            self.resyncs.append if resync else None,
+            SubscriberOptions(**{"message_delay_window": 0.2, **opts}), "sink", self.gaps.append, self.stats,
+        )
+        for ep in endpoints:
+            self.sub.connect(ep)
+
+    def on_event(self, e):
+        with self.lock:
+            self.events.append(e)
+
+    def keys(self, topic=None):
+        with self.lock:
+            return [e.key for e in self.events if topic is None or e.topic == topic]
+
+
+def joined(pub, n=1):
+    wait_for(lambda: pub.stats.get("subscribers_joined") >= n, what="subscriber to join")
+
+
+def test_topic_filter_is_exact_despite_zmq_prefix_matching():
+    pub = make_pub()
+    sink = Sink(["port"], [pub.transport.uri])
+    sink.sub.start()
+    joined(pub)
+    for i in range(50):
+        pub.publish("portbinding", "pb", f"b{i}", "create", 1)
+        pub.publish("port", "port", f"p{i}", "create", 1)
+        pub.publish("po", "x", f"x{i}", "create", 1)
+    wait_for(lambda: len(sink.keys()) == 50)
+    pub.close()
+    wait_for(lambda: sink.stats.get("hellos_in") >= 2)  # the bye
+    assert sink.keys() == [f"p{i}" for i in range(50)]
+    # ZeroMQ itself filtered: nothing foreign even reached the core's own check.
+    assert sink.stats.get("drops", "foreign_topic") == 0
+    sink.sub.close()
+
+
+def test_two_subscribers_with_different_topics_see_no_false_gaps():
+    pub = make_pub(batch_max_events=16)
+    s1 = Sink(["a", "b"], [pub.transport.uri])
+    s2 = Sink(["b", "c"], [pub.transport.uri])
+    s1.sub.start()
+    s2.sub.start()
+    joined(pub, 2)
+    for i in range(3000):
+        pub.publish("abc"[i % 3], "t", f"k{i}", "update", i + 1)
+    pub.flush()
+    wait_for(lambda: len(s1.keys()) == 2000 and len(s2.keys()) == 2000)
+    for s in (s1, s2):
+        assert s.stats.get("gaps") == 0 and s.gaps == [] and s.stats.get("duplicates") == 0
+        seqs = {}
+        for e in s.events:
+            seqs.setdefault(e.topic, []).append(e.seq)
+        assert all(v == list(range(1, 1001)) for v in seqs.values())
+    pub.close()
+    s1.sub.close()
+    s2.sub.close()
+
+
+def child_report(child):
+    child.stdin.write("report\n")
+    child.stdin.flush()
+    return json.loads(child.stdout.readline())
+
+
+def undetected_losses(report, pid, sent):
+    """Sequence numbers neither delivered nor inside a resync request's missing range."""
+    out = {}
+    for topic, last in sent.items():
+        got = set(report["delivered"].get(f"{pid}/{topic}", []))
+        holes = [g["missing"] for g in report["gaps"] if g["topic"] == topic and g["missing"]]
+        out[topic] = [s for s in range(1, last + 1) if s not in got and not any(lo <= s <= hi for lo, hi in holes)]
+    return out
+
+
+def test_loss_from_a_tiny_hwm_and_a_stalled_subscriber_is_detected_and_resynced():
+    pub = make_pub(options={"sndhwm": 1}, batch_linger=0, max_idle_time=0.3)
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), pub.transport.uri, "a,b", "1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        joined(pub)
+        os.kill(child.pid, signal.SIGSTOP)
+        value = {"blob": "x" * 200}
+        for i in range(30000):
+            pub.publish("ab"[i % 2], "t", f"k{i % 100}", "update", i + 1, value)
+        os.kill(child.pid, signal.SIGCONT)
+        sent = pub.sequences()
+        # Once the pipe drains, idle hellos reveal whatever the HWM dropped.
+        wait_for(lambda: undetected_losses(child_report(child), pub.id, sent) == {"a": [], "b": []},
+                 timeout=20, interval=0.2, what="every loss to be detected")
+        report = child_report(child)
+    finally:
+        pub.close()
+        child.kill()
+    assert {g["topic"] for g in report["gaps"]} == {"a", "b"}
+    assert {g["reason"] for g in report["gaps"]} <= {"gap_expired", "hold_overflow"}
+    assert any(set(r) & {"a", "b"} for r in report["resyncs"][1:])
+    for topic, last in sent.items():
+        assert len(report["delivered"][f"{pub.id}/{topic}"]) < last  # loss really happened on the wire
+
+
+def raw_envelope(topic, seq, key, version=1):
+    return encode_batch(BatchHeader("raw-pub", "raw", topic), seq, 1.0, [pack_event("t", key, "create", version, None, 0.0)])
+
+
+def test_malformed_frames_are_counted_and_dropped_while_valid_traffic_flows():
+    pub = make_pub()
+    raw = zmq.Context.instance().socket(zmq.PUB)
+    port = raw.bind_to_random_port("tcp://127.0.0.1")
+    sink = Sink(["a"], [pub.transport.uri, f"tcp://127.0.0.1:{port}"], max_message_bytes=64 * 1024)
+    sink.sub.start()
+    joined(pub)
+    probes = iter(range(1, 10_000))
+
+    def probe_arrived():
+        # The raw socket sends no hello: probe until its subscription has propagated.
+        n = next(probes)
+        raw.send_multipart([b"a\x00", raw_envelope("a", n, f"probe{n}")])
+        return sink.keys("a")
+
+    wait_for(probe_arrived, what="the raw socket to reach the subscriber")
+    bad = [
+        [b"a\x00", b"\xc1 not msgpack"],
+        [b"a\x00"],
+        [b"a\x00", b"x", b"y"],
+        [b"a\x00", msgpack.packb({"v": 99, "kind": "event"})],
+        [b"a\x00", raw_envelope("a", 10_000, "big")[:-5]],
+        [b"a\x00", b"\x00" * (100 * 1024)],
+        [b"a\x00", msgpack.packb({"v": 1, "kind": "event", "pub": "p", "name": "", "topic": "a", "seq": 1,
+                                  "sent_at": 0.0, "events": [["t", "k", "create", "NaN", None, 0]]})],
+        [b"a\x00", raw_envelope("zzz", 1, "wrong-topic-inside")],
+    ]
+    for i in range(20):
+        for frames in bad:
+            raw.send_multipart(frames)
+        pub.publish("a", "t", f"good{i}", "create", i + 1)
+    wait_for(lambda: len([k for k in sink.keys("a") if k.startswith("good")]) == 20)
+    wait_for(lambda: sink.stats.get("decode_errors") >= 20 * 6)
+    s = sink.stats
+    assert s.get("decode_errors", "not_msgpack") >= 20
+    assert s.get("decode_errors", "bad_frames") >= 40
+    assert s.get("decode_errors", "schema_version") >= 20
+    assert s.get("decode_errors", "truncated") >= 20
+    assert s.get("decode_errors", "oversize") >= 20
+    assert s.get("decode_errors", "malformed") >= 20
+    assert s.get("drops", "foreign_topic") >= 20
+    assert [k for k in sink.keys("a") if k.startswith("good")] == [f"good{i}" for i in range(20)]
+    raw.close(0)
+    pub.close()
+    sink.sub.close()
+
+
+def test_one_subscriber_many_publishers_added_and_removed_at_run_time():
+    pubs = [make_pub(f"p{i}") for i in range(3)]
+    sink = Sink(["t"])
+    sink.sub.start()
+    for p in pubs:
+        sink.sub.connect(p.transport.uri)
+    for p in pubs:
+        joined(p)
+    for i, p in enumerate(pubs):
+        p.publish("t", "tbl", f"from{i}", "create", 1)
+        p.flush()
+    wait_for(lambda: sorted(sink.keys()) == ["from0", "from1", "from2"])
+    sink.sub.disconnect(pubs[1].transport.uri)
+    # After the disconnect has taken effect, p1's traffic no longer arrives.
+    wait_for(lambda: sink.sub.transport.endpoints == {pubs[0].transport.uri, pubs[2].transport.uri})
+    for round_ in range(3):
+        for i, p in enumerate(pubs):
+            p.publish("t", "tbl", f"r{round_}-{i}", "update", round_ + 2)
+            p.flush()
+    wait_for(lambda: len(sink.keys()) == 3 + 6)
+    assert not [k for k in sink.keys() if k.endswith("-1")]
+    for p in pubs:
+        p.close()
+    sink.sub.close()
+
+
+def test_curve_encryption():
+    public, secret = zmq.curve_keypair()
+    pub = make_pub(options={"curve_secret_key": secret.decode()})
+    good = Sink(["t"], [pub.transport.uri], options={"curve_server_key": public.decode()})
+    wrong_key = zmq.curve_keypair()[0].decode()
+    bad = Sink(["t"], [pub.transport.uri], options={"curve_server_key": wrong_key})
+    plain = Sink(["t"], [pub.transport.uri])
+    for s in (good, bad, plain):
+        s.sub.start()
+    joined(pub)
+    pub.publish("t", "tbl", "secret", "create", 1)
+    pub.flush()
+    wait_for(lambda: good.keys() == ["secret"])
+    pub.close()
+    wait_for(lambda: good.stats.get("hellos_in") >= 2)
+    assert bad.keys() == [] and plain.keys() == [] and bad.stats.get("hellos_in") == 0
+    for s in (good, bad, plain):
+        s.sub.close()
+
+
+def test_ipc_socket_mode_stale_file_and_live_conflict(tmp_path):
+    path = tmp_path / "run" / "pub.sock"
+    path.parent.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, as after a crash
+    pub = make_pub(url=f"zmq+ipc://{path}")
+    assert (path.stat().st_mode & 0o777) == 0o660
+    with pytest.raises(TransportError, match="in use"):
+        make_pub(url=f"zmq+ipc://{path}")
+    sink = Sink(["t"], [f"ipc://{path}"])
+    sink.sub.start()
+    joined(pub)
+    pub.publish("t", "tbl", "over-ipc", "create", 1)
+    pub.flush()
+    wait_for(lambda: sink.keys() == ["over-ipc"])
+    pub.close()
+    assert not path.exists()
+    sink.sub.close()
+    notsock = tmp_path / "plain"
+    notsock.write_text("x")
+    with pytest.raises(TransportError, match="not a socket"):
+        make_pub(url=f"zmq+ipc://{notsock}")

@@ -1,0 +1,118 @@
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dfpubsub.codec import BatchHeader, decode, encode_batch, encode_bye, encode_hello, pack_event, topic_frame
+from dfpubsub.errors import DecodeError, InvalidEvent
+from dfpubsub.events import Action, Bye, EventBatch, Hello
+
+
+def batch_bytes(seq=7, events=None, topic="port"):
+    events = events or [("port", "p1", "create", 3, {"name": "a", "tags": [1, 2.5, None, True]}, 1700.5)]
+    header = BatchHeader("pid-1", "api-0", topic)
+    return encode_batch(header, seq, 1234.25, [pack_event(*e) for e in events])
+
+
+def test_event_batch_round_trip_keeps_every_field():
+    events = [
+        ("port", "p1", "create", 3, {"name": "a", "tags": [1, 2.5, None, True], "b": b"\x00\xff"}, 1700.5),
+        ("port", "p1", "update", 4, {"name": "b"}, 1701),
+        ("port", "p1", "delete", 5, None, 1702.0),
+    ]
+    env = decode(batch_bytes(seq=7, events=events))
+    assert isinstance(env, EventBatch)
+    assert (env.publisher_id, env.publisher_name, env.topic, env.seq, env.sent_at) == ("pid-1", "api-0", "port", 7, 1234.25)
+    assert env.last_seq == 9
+    for i, (ev, raw) in enumerate(zip(env.events, events)):
+        assert (ev.table, ev.key, ev.action.value, ev.version, ev.value, ev.timestamp) == raw
+        assert ev.topic == "port" and ev.publisher_id == "pid-1" and ev.seq == 7 + i
+    assert env.events[2].action is Action.DELETE
+
+
+def test_batch_header_with_many_events_uses_wide_array_headers():
+    events = [("t", f"k{i}", "update", i + 1, i, 0.0) for i in range(70000)]
+    env = decode(batch_bytes(events=events), max_bytes=1 << 24)
+    assert len(env.events) == 70000 and env.events[-1].key == "k69999"
+
+
+def test_hello_and_bye_round_trip():
+    hello = Hello("pid", "name", 5.5, {"a": 3, "b": 0}, "welcome", 2.0, "host1")
+    assert decode(encode_hello(hello)) == hello
+    bye = Bye("pid", "name", 6.0, {"a": 4})
+    assert decode(encode_bye(bye)) == bye
+
+
+def test_topic_frame_is_nul_terminated():
+    assert topic_frame("port") == b"port\x00"
+    assert not topic_frame("portbinding").startswith(topic_frame("port"))
+
+
+def envelope(**over):
+    base = {"v": 1, "kind": "event", "pub": "p", "name": "n", "topic": "t", "seq": 1,
+            "sent_at": 1.0, "events": [["t", "k", "create", 1, None, 0.0]]}
+    base.update(over)
+    return msgpack.packb({k: v for k, v in base.items() if v is not ...})
+
+
+@pytest.mark.parametrize(
+    "data,reason",
+    [
+        (envelope(v=2), "schema_version"),
+        (envelope(v=...), "malformed"),
+        (envelope(kind="nope"), "malformed"),
+        (envelope(seq=0), "malformed"),
+        (envelope(seq="1"), "malformed"),
+        (envelope(events=[]), "malformed"),
+        (envelope(events=[["t", "k", "explode", 1, None, 0.0]]), "malformed"),
+        (envelope(events=[["t", "k", "create", -1, None, 0.0]]), "malformed"),
+        (envelope(events=[["t", 1, "create", 1, None, 0.0]]), "malformed"),
+        (envelope(events=[["t", "k", "create"]]), "malformed"),
+        (envelope(pub=""), "malformed"),
+        (envelope()[:-3], "truncated"),
+        (envelope() + b"\x00", "malformed"),
+        (msgpack.packb([1, 2, 3]), "malformed"),
+        (b"\xc1garbage", "not_msgpack"),
+        (msgpack.packb({"v": 1, "kind": "hello", "pub": "p", "name": "n", "sent_at": 1.0,
+                        "seqs": {"t": -4}, "reason": "idle", "max_idle": 1.0, "host": ""}), "malformed"),
+        (msgpack.packb(msgpack.ExtType(5, b"xx")), "not_msgpack"),
+    ],
+)
+def test_bad_frames_raise_typed_errors(data, reason):
+    with pytest.raises(DecodeError) as err:
+        decode(data)
+    assert err.value.reason == reason
+
+
+def test_oversize_is_rejected_before_parsing():
+    data = batch_bytes(events=[("t", "k", "create", 1, "x" * 5000, 0.0)])
+    with pytest.raises(DecodeError) as err:
+        decode(data, max_bytes=4096)
+    assert err.value.reason == "oversize"
+
+
+def test_unserialisable_value_is_an_invalid_event():
+    with pytest.raises(InvalidEvent):
+        pack_event("t", "k", "create", 1, object(), 0.0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=512))
+def test_random_bytes_never_escape_as_anything_but_decode_error(data):
+    try:
+        decode(data)
+    except DecodeError as exc:
+        assert exc.reason in {"not_msgpack", "truncated", "malformed", "schema_version", "oversize"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_mutated_valid_frames_decode_or_fail_cleanly(data):
+    raw = bytearray(batch_bytes())
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(1, len(raw)))
+    try:
+        decode(bytes(raw[:cut]))
+    except DecodeError:
+        pass

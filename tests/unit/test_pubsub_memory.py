@@ -1,0 +1,274 @@
+"""Publisher and subscriber end to end on the in-process memory driver."""
+
+import itertools
+import threading
+
+import pytest
+
+from dfpubsub import (
+    CachedObject,
+    ClosedError,
+    InvalidEvent,
+    PayloadTooLarge,
+    Publisher,
+    PublisherOptions,
+    Subscriber,
+    SubscriberOptions,
+    VersionedCache,
+    load_driver,
+)
+from dfpubsub.faults import LossyTransport, drop_nth
+from dfpubsub.metrics import Stats
+from tests.conftest import wait_for
+
+_bus = itertools.count()
+
+
+class DB:
+    """A tiny source of truth for resync, as the store will be."""
+
+    def __init__(self):
+        self.rows = {}
+        self.version = 0
+        self.lock = threading.Lock()
+
+    def write(self, topic, key, value):
+        with self.lock:
+            self.version += 1
+            self.rows[key] = CachedObject(topic, "tbl", key, self.version, value)
+            return self.version
+
+    def list(self, topics):
+        with self.lock:
+            return [o for o in self.rows.values() if o.topic in topics]
+
+
+class Node:
+    def __init__(self, driver, topics, db=None, **opts):
+        self.cache = VersionedCache()
+        self.events = []
+        self.resyncs = []
+        self.gaps = []
+        self.db = db
+        self.sub = Subscriber(
+            driver.subscriber(Stats("t", "t")), topics, self.on_event,
+            self.on_resync if db is not None else None,
+            SubscriberOptions(**{"message_delay_window": 0.2, **opts}), on_gap=self.gaps.append,
+        )
+
+    def on_event(self, e):
+        self.events.append(e)
+        self.cache.apply(e)
+
+    def on_resync(self, topics):
+        self.resyncs.append(set(topics))
+        self.cache.reconcile(topics, self.db.list(topics))
+
+
+@pytest.fixture
+def driver():
+    return load_driver(f"memory://test-{next(_bus)}")
+
+
+def publisher(driver, transport=None, **opts):
+    stats = Stats("p", "p")
+    return Publisher(transport or driver.publisher(stats), "pub", PublisherOptions(**opts), stats)
+
+
+def test_events_flow_in_order_with_batching(driver):
+    node = Node(driver, ["port"])
+    node.sub.start()
+    pub = publisher(driver, batch_max_events=10, batch_linger=1.0)
+    for i in range(95):
+        pub.publish("port", "tbl", f"k{i}", "create", i + 1, {"i": i})
+    wait_for(lambda: len(node.events) == 90, what="9 full batches")
+    assert pub.stats.get("envelopes_out") == 9
+    pub.flush()
+    wait_for(lambda: len(node.events) == 95)
+    assert [e.seq for e in node.events] == list(range(1, 96))
+    assert node.events[5].value == {"i": 5} and node.events[5].publisher_id == pub.id
+    pub.close()
+    node.sub.close()
+
+
+def test_linger_flushes_a_partial_batch_and_zero_linger_turns_batching_off(driver):
+    node = Node(driver, ["t"])
+    node.sub.start()
+    pub = publisher(driver, batch_linger=0.05)
+    pub.publish("t", "tbl", "k", "create", 1)
+    wait_for(lambda: len(node.events) == 1, timeout=2, what="the linger to flush")
+    pub.close()
+    pub = publisher(driver, batch_linger=0)
+    for i in range(5):
+        pub.publish("t", "tbl", "k", "update", i + 2)
+    assert pub.stats.get("envelopes_out") == 5
+    pub.close()
+    node.sub.close()
+
+
+def test_byte_limit_splits_batches(driver):
+    pub = publisher(driver, batch_max_bytes=4096, batch_linger=1.0)
+    for i in range(20):
+        pub.publish("t", "tbl", f"k{i}", "create", 1, "x" * 1000)
+    assert pub.stats.get("envelopes_out") >= 4
+    pub.close()
+
+
+def test_bad_events_are_rejected_with_typed_errors(driver):
+    pub = publisher(driver, max_message_bytes=2048, batch_max_bytes=2048)
+    with pytest.raises(PayloadTooLarge):
+        pub.publish("t", "tbl", "k", "create", 1, "x" * 4000)
+    with pytest.raises(InvalidEvent):
+        pub.publish("t", "tbl", "k", "explode", 1)
+    with pytest.raises(InvalidEvent):
+        pub.publish("t", "tbl", "k", "create", "1")
+    with pytest.raises(InvalidEvent):
+        pub.publish("$ctl", "tbl", "k", "create", 1)
+    with pytest.raises(InvalidEvent):
+        pub.publish("a\x00b", "tbl", "k", "create", 1)
+    with pytest.raises(InvalidEvent):
+        pub.publish("t", "tbl", "k", "create", 1, {1, 2})
+    assert pub.sequences() == {}  # nothing rejected took a sequence number
+    pub.close()
+    with pytest.raises(ClosedError):
+        pub.publish("t", "tbl", "k", "create", 1)
+
+
+def test_lost_message_is_detected_and_resynced_for_exactly_its_topic(driver):
+    db = DB()
+    node = Node(driver, ["a", "b"], db)
+    node.sub.start()
+    assert node.sub.wait_synced(5)
+    stats = Stats("p", "p")
+    lossy = LossyTransport(driver.publisher(stats), drop_nth("a", 3))
+    pub = publisher(driver, lossy, batch_linger=0)
+    for i in range(10):
+        for topic in ("a", "b"):
+            key = f"{topic}{i % 4}"
+            pub.publish(topic, "tbl", key, "update", db.write(topic, key, i), i)
+    wait_for(lambda: len(node.resyncs) == 2, what="the gap resync")
+    assert node.resyncs == [{"a", "b"}, {"a"}]
+    assert [(g.topic, g.reason, g.missing) for g in node.gaps] == [("a", "gap_expired", (3, 3))]
+    wait_for(lambda: {(o.key, o.version) for o in node.cache.items()} == {(o.key, o.version) for o in db.list({"a", "b"})})
+    assert node.sub.stats.get("gaps") == 1
+    pub.close()
+    node.sub.close()
+
+
+def test_loss_of_the_last_message_is_found_by_the_idle_hello(driver):
+    db = DB()
+    node = Node(driver, ["a"], db)
+    node.sub.start()
+    node.sub.wait_synced(5)
+    lossy = LossyTransport(driver.publisher(Stats("p", "p")), drop_nth("a", 2))
+    pub = publisher(driver, lossy, batch_linger=0, max_idle_time=0.2)
+    pub.publish("a", "tbl", "k", "create", db.write("a", "k", 1))
+    pub.publish("a", "tbl", "k", "update", db.write("a", "k", 2))  # lost, and nothing follows
+    wait_for(lambda: len(node.resyncs) == 2, what="the idle hello to reveal the loss")
+    assert node.gaps[0].missing == (2, 2)
+    assert node.cache.get("tbl", "k").version == 2
+    pub.close()
+    node.sub.close()
+
+
+def test_initial_sync_runs_before_buffered_events_are_applied(driver):
+    db = DB()
+    order = []
+    release = threading.Event()
+
+    def on_resync(topics):
+        order.append("sync")
+        release.wait(5)
+
+    sub = Subscriber(driver.subscriber(Stats("t", "t")), ["a"], lambda e: order.append(e.seq), on_resync)
+    sub.start()
+    pub = publisher(driver, batch_linger=0)
+    wait_for(lambda: order == ["sync"])
+    pub.publish("a", "tbl", "k", "create", db.write("a", "k", 1))
+    wait_for(lambda: sub.stats.get("envelopes_in") == 1, what="the event to be received and queued")
+    assert order == ["sync"] and not sub.synced.is_set()
+    release.set()
+    wait_for(lambda: order == ["sync", 1])
+    assert sub.synced.is_set()
+    pub.close()
+    sub.close()
+
+
+def test_overflow_of_the_bounded_queue_requests_resync(driver):
+    db = DB()
+    gate = threading.Event()
+    node = Node(driver, ["a"], db, queue_size=4)
+    node.sub.start()
+    node.sub.wait_synced(5)
+    slow = node.on_event
+    node.sub.on_event = lambda e: (gate.wait(5), slow(e))
+    pub = publisher(driver, batch_linger=0)
+    for i in range(50):
+        pub.publish("a", "tbl", f"k{i}", "create", db.write("a", f"k{i}", i))
+    wait_for(lambda: node.sub.stats.get("drops", "overflow") > 0)
+    gate.set()
+    wait_for(lambda: len(node.cache) == 50, what="the overflow resync to repair the cache")
+    assert node.sub.stats.get("resync_requests", "overflow") > 0
+    pub.close()
+    node.sub.close()
+
+
+def test_handler_error_is_counted_and_its_topic_resynced(driver):
+    db = DB()
+    node = Node(driver, ["a"], db)
+    node.sub.start()
+    node.sub.wait_synced(5)
+    good = node.on_event
+
+    def flaky(e):
+        if e.key == "bad":
+            raise RuntimeError("boom")
+        good(e)
+
+    node.sub.on_event = flaky
+    pub = publisher(driver, batch_linger=0)
+    pub.publish("a", "tbl", "bad", "create", db.write("a", "bad", 1))
+    pub.publish("a", "tbl", "ok", "create", db.write("a", "ok", 1))
+    wait_for(lambda: len(node.resyncs) == 2 and node.cache.get("tbl", "bad") is not None)
+    assert node.sub.stats.get("handler_errors") == 1 and node.cache.get("tbl", "ok")
+    pub.close()
+    node.sub.close()
+
+
+def test_runtime_subscribe_and_unsubscribe(driver):
+    db = DB()
+    node = Node(driver, ["a"], db)
+    node.sub.start()
+    node.sub.wait_synced(5)
+    pub = publisher(driver, batch_linger=0)
+    db.write("b", "early", 0)
+    pub.publish("b", "tbl", "x", "create", db.write("b", "x", 0))
+    node.sub.subscribe("b")
+    wait_for(lambda: node.sub.is_synced("b"))
+    assert node.cache.get("tbl", "early") is not None  # brought in by the subscribe resync
+    pub.publish("b", "tbl", "y", "create", db.write("b", "y", 0))
+    wait_for(lambda: node.cache.get("tbl", "y") is not None)
+    node.sub.unsubscribe("b")
+    pub.publish("b", "tbl", "z", "create", db.write("b", "z", 0))
+    pub.publish("a", "tbl", "w", "create", db.write("a", "w", 0))
+    wait_for(lambda: node.cache.get("tbl", "w") is not None)
+    assert node.cache.get("tbl", "z") is None
+    pub.close()
+    node.sub.close()
+
+
+def test_publisher_restart_and_welcome_hello(driver):
+    node = Node(driver, ["a"])
+    pub = publisher(driver, batch_linger=0)
+    node.sub.start()
+    wait_for(lambda: pub.stats.get("hellos_out", "welcome") == 1, what="a welcome hello")
+    pub.publish("a", "tbl", "k", "create", 1)
+    pub.close()
+    pub2 = publisher(driver, batch_linger=0)
+    assert pub2.id != pub.id
+    pub2.publish("a", "tbl", "k", "update", 2)
+    wait_for(lambda: len(node.events) == 2)
+    assert [e.seq for e in node.events] == [1, 1]
+    assert node.sub.stats.get("gaps") == 0 and node.sub.stats.get("resync_requests") == 0
+    pub2.close()
+    node.sub.close()

@@ -1,0 +1,227 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dfpubsub.events import Action, Bye, Event, EventBatch, Hello
+from dfpubsub.metrics import Stats
+from dfpubsub.tracker import SequenceTracker
+
+WINDOW = 0.5
+
+
+def batch(seq, n=1, topic="t", pid="A"):
+    events = [Event(topic, "tbl", f"k{seq + i}", Action.UPDATE, seq + i, None, 0.0, pid, seq + i) for i in range(n)]
+    return EventBatch(pid, pid.lower(), topic, seq, 0.0, events)
+
+
+def hello(seqs, pid="A", reason="idle", max_idle=1.0):
+    return Hello(pid, pid.lower(), 0.0, seqs, reason, max_idle, "h")
+
+
+def tracker(topics=("t",), **kw):
+    return SequenceTracker(set(topics), WINDOW, Stats("test", "t"), **kw)
+
+
+def seqs(batches):
+    return [e.seq for b in batches for e in b.events]
+
+
+def test_in_order_delivery():
+    tr = tracker()
+    out = []
+    for s in range(1, 6):
+        out += tr.on_batch(batch(s), 0.0)
+    assert seqs(out) == [1, 2, 3, 4, 5]
+    assert tr.requests == [] and tr.stats.get("gaps") == 0
+
+
+def test_duplicates_are_dropped_and_counted():
+    tr = tracker()
+    tr.on_batch(batch(1, 3), 0.0)
+    assert tr.on_batch(batch(2), 0.0) == []
+    out = tr.on_batch(batch(3, 3), 0.0)  # overlaps: 3 is old, 4..5 new
+    assert seqs(out) == [4, 5]
+    assert tr.stats.get("duplicates") == 2
+
+
+def test_gap_filled_within_the_window():
+    tr = tracker()
+    tr.on_batch(batch(1), 0.0)
+    assert tr.on_batch(batch(3), 0.1) == []
+    assert tr.on_batch(batch(4), 0.2) == []
+    assert tr.next_deadline() == 0.1 + WINDOW
+    assert seqs(tr.on_batch(batch(2), 0.3)) == [2, 3, 4]
+    assert tr.next_deadline() is None and tr.requests == []
+    assert tr.stats.get("gaps") == 1 and tr.stats.get("gaps_filled") == 1
+
+
+def test_gap_that_expires_requests_resync_and_releases_what_was_held():
+    tr = tracker()
+    tr.on_batch(batch(1), 0.0)
+    tr.on_batch(batch(3), 0.1)
+    tr.on_batch(batch(5, 2), 0.1)
+    assert tr.tick(0.1 + WINDOW - 0.01) == []
+    out = tr.tick(0.1 + WINDOW)
+    assert seqs(out) == [3, 5, 6]
+    (req,) = tr.pop_requests()
+    assert (req.topic, req.reason, req.publisher_id, req.missing) == ("t", "gap_expired", "A", (2, 4))
+    # The stream goes on after the hole; a late message from the hole is a duplicate.
+    assert seqs(tr.on_batch(batch(7), 1.0)) == [7]
+    assert tr.on_batch(batch(2), 1.0) == []
+
+
+def test_hello_ahead_of_received_opens_a_gap():
+    tr = tracker()
+    tr.on_batch(batch(1), 0.0)
+    tr.on_hello(hello({"t": 3}), 0.1)
+    assert tr.gap_open("A", "t")
+    tr.tick(0.1 + WINDOW)
+    (req,) = tr.pop_requests()
+    assert req.reason == "gap_expired" and req.missing == (2, 3)
+    # The stream is now at 3: the next message is 4 and opens no gap.
+    assert seqs(tr.on_batch(batch(4), 1.0)) == [4]
+
+
+def test_hello_in_agreement_or_stale_changes_nothing():
+    tr = tracker()
+    tr.on_batch(batch(1, 5), 0.0)
+    tr.on_hello(hello({"t": 5}), 0.1)
+    tr.on_hello(hello({"t": 2}), 0.1)  # stale: a reordering transport may deliver it late
+    assert not tr.gap_open("A", "t") and tr.requests == []
+
+
+def test_hello_for_unsubscribed_topics_is_ignored():
+    tr = tracker(topics=("t",))
+    tr.on_hello(hello({"other": 99}), 0.0)
+    assert tr.requests == [] and "other" not in tr.peers["A"].streams
+
+
+def test_unknown_publisher_first_seen_mid_stream_requests_resync():
+    tr = tracker()
+    assert seqs(tr.on_batch(batch(40), 0.0)) == [40]
+    (req,) = tr.pop_requests()
+    assert (req.reason, req.missing) == ("first_seen", (1, 39))
+    tr.on_hello(hello({"t": 10}, pid="B"), 0.0)
+    (req,) = tr.pop_requests()
+    assert (req.publisher_id, req.missing) == ("B", (1, 10))
+
+
+def test_publisher_seen_from_its_start_needs_no_resync():
+    tr = tracker()
+    tr.on_hello(hello({}, reason="start"), 0.0)
+    assert seqs(tr.on_batch(batch(1), 0.0)) == [1]
+    tr.on_hello(hello({"t": 0}, pid="C"), 0.0)
+    assert tr.requests == []
+
+
+def test_publisher_restart_is_a_new_stream_without_false_gaps():
+    tr = tracker()
+    for s in range(1, 4):
+        tr.on_batch(batch(s, pid="A"), 0.0)
+    tr.on_hello(Bye("A", "a", 0.0, {"t": 3}), 0.1)
+    assert "A" not in tr.peers
+    tr.on_hello(hello({}, pid="A2", reason="start"), 0.2)
+    assert seqs(tr.on_batch(batch(1, pid="A2"), 0.2)) == [1]
+    assert tr.requests == [] and tr.stats.get("gaps") == 0
+
+
+def test_bye_ahead_of_received_is_a_gap_then_forgotten():
+    tr = tracker()
+    tr.on_batch(batch(1), 0.0)
+    tr.on_hello(Bye("A", "a", 0.0, {"t": 2}), 0.0)
+    assert "A" in tr.peers
+    tr.tick(WINDOW)
+    assert [r.reason for r in tr.pop_requests()] == ["gap_expired"]
+    assert "A" not in tr.peers
+
+
+def test_silent_publisher_is_declared_lost_and_its_topics_resynced():
+    tr = tracker()
+    tr.on_hello(hello({"t": 0}, max_idle=1.0), 0.0)
+    tr.on_batch(batch(1), 0.5)
+    tr.tick(3.4)
+    assert tr.requests == []
+    tr.tick(3.6)
+    (req,) = tr.pop_requests()
+    assert req.reason == "publisher_lost" and "A" not in tr.peers
+
+
+def test_many_topics_are_independent():
+    tr = tracker(topics=[f"t{i}" for i in range(50)])
+    out = []
+    for s in range(1, 4):
+        for i in range(50):
+            if not (i == 7 and s == 2):
+                out += tr.on_batch(batch(s, topic=f"t{i}"), 0.0)
+    out += tr.tick(WINDOW)
+    assert [r.topic for r in tr.pop_requests()] == ["t7"]
+    assert len(seqs(out)) == 149
+
+
+def test_hold_overflow_gives_up_early():
+    tr = tracker(max_held=3)
+    tr.on_batch(batch(1), 0.0)
+    out = []
+    for s in range(3, 7):
+        out += tr.on_batch(batch(s), 0.0)
+    assert seqs(out) == [3, 4, 5, 6]
+    assert [r.reason for r in tr.pop_requests()] == ["hold_overflow"]
+    assert seqs(tr.on_batch(batch(7), 0.0)) == [7]
+
+
+# -- property: loss, duplication and reordering ------------------------------------
+
+
+@st.composite
+def scenarios(draw):
+    """Messages of one publisher on 3 topics, mangled by a network that loses,
+    duplicates and reorders (within the window), then a final hello."""
+    n_topics = 3
+    sent = []  # (topic, seq, n)
+    nxt = {f"t{i}": 1 for i in range(n_topics)}
+    for _ in range(draw(st.integers(1, 40))):
+        topic = f"t{draw(st.integers(0, n_topics - 1))}"
+        n = draw(st.integers(1, 3))
+        sent.append((topic, nxt[topic], n))
+        nxt[topic] += n
+    wire = []
+    lost_topics = set()
+    for msg in sent:
+        fate = draw(st.sampled_from(["ok", "ok", "ok", "lost", "dup"]))
+        if fate == "lost":
+            lost_topics.add(msg[0])
+            continue
+        wire.append(msg)
+        if fate == "dup":
+            wire.append(msg)
+    # Reorder: swap neighbours a few times (bounded displacement).
+    for _ in range(draw(st.integers(0, len(wire)))):
+        if len(wire) > 1:
+            i = draw(st.integers(0, len(wire) - 2))
+            wire[i], wire[i + 1] = wire[i + 1], wire[i]
+    final = {t: s - 1 for t, s in nxt.items() if s > 1}
+    return sent, wire, lost_topics, final
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenarios())
+def test_every_message_delivered_once_in_order_or_exactly_its_topic_resynced(scenario):
+    sent, wire, lost_topics, final = scenario
+    tr = tracker(topics=[f"t{i}" for i in range(3)])
+    tr.on_hello(hello({}, reason="start"), 0.0)
+    out = []
+    now = 0.0
+    for topic, seq, n in wire:
+        now += WINDOW / (len(wire) + 2)  # everything arrives within one window
+        out += tr.on_batch(batch(seq, n, topic=topic), now)
+    tr.on_hello(hello(final), now)
+    out += tr.tick(now + WINDOW + 1)
+    delivered = {}
+    for b in out:
+        delivered.setdefault(b.topic, []).extend(e.seq for e in b.events)
+    requested = {r.topic for r in tr.pop_requests()}
+    assert requested == lost_topics
+    for topic, last in final.items():
+        got = delivered.get(topic, [])
+        assert got == sorted(set(got)), "out of order or duplicated"
+        if topic not in lost_topics:
+            assert got == list(range(1, last + 1))
