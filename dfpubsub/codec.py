@@ -36,10 +36,6 @@ _packb = msgpack.packb
 _EVENTS_KEY = _packb("events")
 
 
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack extension type {code} is not allowed")
-
-
 def topic_frame(topic: str) -> bytes:
     """First frame of a ZeroMQ message: the UTF-8 topic and a NUL terminator.
 
@@ -135,7 +131,7 @@ def _field(obj: dict, name: str, types: tuple[type, ...]) -> Any:
 def _seqs(obj: dict) -> dict[str, int]:
     seqs = _field(obj, "seqs", (dict,))
     for topic, seq in seqs.items():
-        if type(seq) is not int or seq < 0 or not topic:
+        if type(topic) is not str or not topic or type(seq) is not int or seq < 0:
             raise _malformed(f"bad sequence {seq!r} for topic {topic!r}")
     return seqs
 
@@ -145,7 +141,9 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     if len(data) > max_bytes:
         raise DecodeError("oversize", f"{len(data)} bytes > limit {max_bytes}")
     try:
-        obj = msgpack.unpackb(data, raw=False, ext_hook=_no_ext)
+        # Map keys may be any scalar (values are the publisher's objects, packed as given);
+        # extension types arrive as msgpack.ExtType / msgpack.Timestamp, opaque to the core.
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except msgpack.ExtraData as exc:
         raise DecodeError("malformed", "trailing bytes after the envelope") from exc
     except ValueError as exc:
@@ -157,10 +155,10 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     if type(obj) is not dict:
         raise _malformed(f"envelope must be a map, got {type(obj).__name__}")
     version = obj.get("v")
+    if type(version) is not int:
+        raise _malformed("missing or non-integer schema version 'v'")
     if version != SCHEMA_VERSION:
-        if type(version) is int:
-            raise DecodeError("schema_version", f"unsupported schema version {version}")
-        raise _malformed("missing schema version 'v'")
+        raise DecodeError("schema_version", f"unsupported schema version {version}")
     kind = obj.get("kind")
     pid = _field(obj, "pub", (str,))
     name = _field(obj, "name", (str,))
@@ -196,6 +194,7 @@ def _decode_batch(obj: dict, pid: str, name: str, sent_at: float) -> EventBatch:
         act = actions.get(action) if type(action) is str else None
         if (
             type(table) is not str
+            or not table
             or type(key) is not str
             or act is None
             or type(version) is not int

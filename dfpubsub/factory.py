@@ -36,6 +36,7 @@ def subscriber_options(s: PubSubSettings) -> SubscriberOptions:
         resync_base_interval=s.resync_base_interval,
         resync_max_interval=s.resync_max_interval,
         dead_after_idles=s.dead_after_idles,
+        max_idle_time=s.max_idle_time,
     )
 
 

@@ -67,9 +67,7 @@ class Publisher:
         stats: Stats | None = None,
     ):
         self.transport = transport
-        self.options = opts = options or PublisherOptions()
-        if opts.batch_max_bytes > opts.max_message_bytes:
-            opts.batch_max_bytes = opts.max_message_bytes
+        self.options = options or PublisherOptions()
         self.id = uuid.uuid4().hex
         self.name = name or f"{socket.gethostname()}:{id(self):x}"
         self.stats = stats or Stats("publisher", self.name)
@@ -117,21 +115,27 @@ class Publisher:
             raise InvalidEvent(f"table and key must be strings, got {table!r}, {key!r}")
         if type(version) is not int or version < 0:
             raise InvalidEvent(f"version must be a non-negative int, got {version!r}")
-        packed = pack_event(table, key, act.value, version, value, time.time() if timestamp is None else timestamp)
+        if timestamp is None:
+            timestamp = time.time()
+        elif type(timestamp) not in (float, int):
+            raise InvalidEvent(f"timestamp must be Unix seconds (float), got {timestamp!r}")
+        if act is Action.DELETE:
+            value = None
+        packed = pack_event(table, key, act.value, version, value, timestamp)
         size = len(packed)
-        if size + header.overhead > self.options.max_message_bytes:
-            raise PayloadTooLarge(
-                f"event {table}/{key} is {size} bytes packed; the limit is "
-                f"{self.options.max_message_bytes - header.overhead} (max_message_bytes)"
-            )
         opts = self.options
+        room = opts.max_message_bytes - header.overhead
+        if size > room:
+            raise PayloadTooLarge(
+                f"event {table}/{key} is {size} bytes packed; the limit is {room} (max_message_bytes)"
+            )
         with self._cond:
             if self._closed:
                 raise ClosedError("publisher is closed")
             seq = self._seqs.get(topic, 0) + 1
             self._seqs[topic] = seq
             batch = self._batches.get(topic)
-            if batch is not None and batch.size + size > opts.batch_max_bytes:
+            if batch is not None and batch.size + size > min(opts.batch_max_bytes, room):
                 self._flush_topic(topic)
                 batch = None
             if batch is None:
@@ -221,12 +225,26 @@ class Publisher:
     def _send_hello(self, reason: str) -> None:
         for topic in list(self._batches):
             self._flush_topic(topic)
-        hello = Hello(
-            self.id, self.name, time.time(), dict(self._seqs), reason, self.options.max_idle_time, self._host
-        )
-        if self._send(CONTROL_TOPIC, encode_hello(hello)):
+        sent = True
+        for seqs in self._hello_chunks(list(self._seqs.items())):
+            hello = Hello(self.id, self.name, time.time(), seqs, reason, self.options.max_idle_time, self._host)
+            sent &= self._send(CONTROL_TOPIC, encode_hello(hello))
+        if sent:
             self.stats.inc("hellos_out", reason=reason)
         self._last_hello = time.monotonic()
+
+    def _hello_chunks(self, items: list[tuple[str, int]]) -> list[dict[str, int]]:
+        """Split the sequences so that no hello exceeds max_message_bytes.
+
+        Subscribers take each topic of a hello on its own, so several hellos
+        say the same as one.
+        """
+        # A topic costs at most 255 bytes of name and 9 of sequence, plus framing.
+        per_topic = 270
+        room = max(1, (self.options.max_message_bytes - 1024) // per_topic)
+        if len(items) <= room:
+            return [dict(items)]
+        return [dict(items[i:i + room]) for i in range(0, len(items), room)]
 
     def _idle_hello_due(self, now: float) -> float:
         """When the next idle hello is due (monotonic time)."""

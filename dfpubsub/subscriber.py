@@ -54,6 +54,8 @@ class SubscriberOptions:
     resync_base_interval: float = 0.1
     resync_max_interval: float = 5.0
     dead_after_idles: float = 3.0
+    #: Assumed of a publisher not yet heard saying hello (the deployment's max_idle_time).
+    max_idle_time: float = 5.0
     initial_sync: bool = True
 
 
@@ -87,7 +89,8 @@ class Subscriber:
         self.on_gap = on_gap
         self._topics: frozenset[str] = frozenset(validate_topic(t) for t in topics)
         self.tracker = SequenceTracker(
-            self._topics, opts.message_delay_window, self.stats, opts.max_held, opts.dead_after_idles
+            self._topics, opts.message_delay_window, self.stats, opts.max_held, opts.dead_after_idles,
+            opts.max_idle_time,
         )
         self.scheduler = ResyncScheduler(opts.resync_base_interval, opts.resync_max_interval)
         self.synced = threading.Event()

@@ -45,7 +45,8 @@ class _Peer:
     name: str
     last_seen: float
     max_idle: float = 0.0
-    hello_seen: bool = False
+    #: The subscribed topics when its last hello came (None: no hello yet).
+    hello_topics: Collection[str] | None = None
     said_bye: bool = False
     streams: dict[str, _Stream] = field(default_factory=dict)
 
@@ -56,8 +57,9 @@ class SequenceTracker:
     ``topics`` is the live set of subscribed topics (shared, not copied);
     ``window`` is the message delay window in seconds; ``max_held`` bounds the
     envelopes held per stream while a gap is open; a publisher silent for
-    ``dead_after_idles`` times its advertised ``max_idle_time`` is taken as
-    dead, and its topics are resynced (its last messages may be lost with it).
+    ``dead_after_idles`` times its advertised ``max_idle_time`` (or
+    ``assumed_max_idle`` before its first hello) is taken as dead, and its
+    topics are resynced (its last messages may be lost with it).
     """
 
     def __init__(
@@ -67,12 +69,14 @@ class SequenceTracker:
         stats: Stats,
         max_held: int = 1024,
         dead_after_idles: float = 3.0,
+        assumed_max_idle: float = 5.0,
     ):
         self.topics = topics
         self.window = window
         self.stats = stats
         self.max_held = max_held
         self.dead_after_idles = dead_after_idles
+        self.assumed_max_idle = assumed_max_idle
         self.peers: dict[str, _Peer] = {}
         self.requests: list[ResyncRequest] = []
         self._open: set[tuple[str, str]] = set()
@@ -85,8 +89,8 @@ class SequenceTracker:
         topic = batch.topic
         st = peer.streams.get(topic)
         if st is None:
-            if peer.hello_seen:
-                # Its hello did not list the topic: the stream began after it, at 1.
+            if peer.hello_topics is not None and topic in peer.hello_topics:
+                # Its hello did not list a topic we already took: the stream began after it, at 1.
                 st = peer.streams[topic] = _Stream(next=1)
             else:
                 # Never heard of it: what came before may be newer than our last sync.
@@ -103,14 +107,15 @@ class SequenceTracker:
             st.deadline = None
             self._open.discard((batch.publisher_id, topic))
             self.stats.inc("gaps_filled")
+            self._forget_if_gone(batch.publisher_id, peer)
         return out
 
     def on_hello(self, hello: Hello | Bye, now: float) -> None:
         """Take a hello or bye: register the publisher, open gaps it reveals."""
         pid = hello.publisher_id
         peer = self._peer(pid, hello.publisher_name, now)
-        seen_before = peer.hello_seen
-        peer.hello_seen = True
+        known_topics = peer.hello_topics or ()
+        peer.hello_topics = self.topics
         if isinstance(hello, Hello):
             peer.max_idle = hello.max_idle_time
         else:
@@ -120,7 +125,7 @@ class SequenceTracker:
             if topic not in topics:
                 continue
             st = peer.streams.get(topic)
-            if st is None and seen_before:
+            if st is None and topic in known_topics:
                 st = peer.streams[topic] = _Stream(next=1)
             if st is None:
                 peer.streams[topic] = _Stream(next=seq + 1)
@@ -131,8 +136,7 @@ class SequenceTracker:
                 # a transport that reorders; the delay window decides.
                 st.high = seq
                 self._open_gap(pid, topic, st, now)
-        if peer.said_bye and not any(s.deadline is not None for s in peer.streams.values()):
-            del self.peers[pid]
+        self._forget_if_gone(pid, peer)
 
     def tick(self, now: float) -> list[EventBatch]:
         """Expire gaps whose window passed and publishers that went silent."""
@@ -140,10 +144,10 @@ class SequenceTracker:
         for pid, topic in [k for k in self._open if self._deadline(k) <= now]:
             peer = self.peers[pid]
             self._give_up(pid, topic, peer.streams[topic], out, "gap_expired")
-            if peer.said_bye and not any(s.deadline is not None for s in peer.streams.values()):
-                del self.peers[pid]
+            self._forget_if_gone(pid, peer)
         for pid, peer in list(self.peers.items()):
-            if peer.max_idle > 0 and now - peer.last_seen > self.dead_after_idles * peer.max_idle:
+            max_idle = peer.max_idle or self.assumed_max_idle
+            if max_idle > 0 and now - peer.last_seen > self.dead_after_idles * max_idle:
                 self.forget_publisher(pid, out, reason="publisher_lost")
         return out
 
@@ -188,6 +192,11 @@ class SequenceTracker:
         else:
             peer.last_seen = now
         return peer
+
+    def _forget_if_gone(self, pid: str, peer: _Peer) -> None:
+        """A publisher that said bye is forgotten once none of its gaps is open."""
+        if peer.said_bye and not any(s.deadline is not None for s in peer.streams.values()):
+            self.peers.pop(pid, None)
 
     def _deadline(self, key: tuple[str, str]) -> float:
         return self.peers[key[0]].streams[key[1]].deadline  # type: ignore[return-value]

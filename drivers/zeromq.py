@@ -272,8 +272,11 @@ class _ZmqSubscriber(SubscriberTransport):
                 frames = recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if len(frames) != 2 or frames[0] not in accepted:
+            if len(frames) != 2 or not frames[0].endswith(b"\x00"):
                 self.stats.inc("decode_errors", reason="bad_frames")
+                continue
+            if frames[0] not in accepted:  # in flight when its topic was unsubscribed
+                self.stats.inc("drops", reason="foreign_topic")
                 continue
             out.append(frames[1])
         return out

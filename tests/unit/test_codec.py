@@ -75,13 +75,25 @@ def envelope(**over):
         (b"\xc1garbage", "not_msgpack"),
         (msgpack.packb({"v": 1, "kind": "hello", "pub": "p", "name": "n", "sent_at": 1.0,
                         "seqs": {"t": -4}, "reason": "idle", "max_idle": 1.0, "host": ""}), "malformed"),
-        (msgpack.packb(msgpack.ExtType(5, b"xx")), "not_msgpack"),
+        (envelope(v=1.0), "malformed"),
+        (envelope(v=True), "malformed"),
+        (envelope(events=[["", "k", "create", 1, None, 0.0]]), "malformed"),
+        (msgpack.packb({"v": 1, "kind": "hello", "pub": "p", "name": "n", "sent_at": 1.0,
+                        "seqs": {b"t": 4}, "reason": "idle", "max_idle": 1.0, "host": ""}), "malformed"),
+        (msgpack.packb({"v": 1, "kind": "event", "pub": "p", "name": "n", "topic": "t", "seq": 1, "sent_at": 1.0,
+                        "events": [["t", "k", "create", 1, {(1, 2): 3}, 0.0]]}), "not_msgpack"),
     ],
 )
 def test_bad_frames_raise_typed_errors(data, reason):
     with pytest.raises(DecodeError) as err:
         decode(data)
     assert err.value.reason == reason
+
+
+def test_values_may_use_any_msgpack_scalar_keys_and_extension_types():
+    value = {1: "one", "s": msgpack.ExtType(5, b"xx"), None: [b"\x00"]}
+    env = decode(batch_bytes(events=[("t", "k", "create", 1, value, 0.0)]))
+    assert env.events[0].value == value
 
 
 def test_oversize_is_rejected_before_parsing():

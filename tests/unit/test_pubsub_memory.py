@@ -272,3 +272,44 @@ def test_publisher_restart_and_welcome_hello(driver):
     assert node.sub.stats.get("gaps") == 0 and node.sub.stats.get("resync_requests") == 0
     pub2.close()
     node.sub.close()
+
+
+def test_envelopes_never_exceed_max_message_bytes(driver):
+    node = Node(driver, ["t"], max_message_bytes=2048)
+    node.sub.start()
+    pub = publisher(driver, max_message_bytes=2048, batch_max_bytes=2048, batch_linger=1.0)
+    for i in range(40):
+        pub.publish("t", "tbl", f"k{i}", "create", 1, "x" * 150)
+    pub.flush()
+    wait_for(lambda: len(node.events) == 40)
+    assert node.sub.stats.get("decode_errors") == 0
+    pub.close()
+    node.sub.close()
+
+
+def test_timestamp_is_checked_and_deletes_carry_no_value(driver):
+    node = Node(driver, ["t"])
+    node.sub.start()
+    pub = publisher(driver, batch_linger=0)
+    with pytest.raises(InvalidEvent):
+        pub.publish("t", "tbl", "k", "create", 1, None, timestamp="yesterday")
+    pub.publish("t", "tbl", "k", "delete", 2, {"stale": True}, timestamp=12)
+    wait_for(lambda: len(node.events) == 1)
+    assert node.events[0].value is None and node.events[0].timestamp == 12
+    pub.close()
+    node.sub.close()
+
+
+def test_hellos_of_many_topics_are_split_to_fit(driver):
+    topics = [f"topic-{i:04d}-" + "x" * 40 for i in range(200)]
+    node = Node(driver, topics, max_message_bytes=8192)
+    pub = publisher(driver, max_message_bytes=8192, batch_max_bytes=4096, batch_linger=0)
+    for t in topics:
+        pub.publish(t, "tbl", "k", "create", 1)
+    node.sub.start()
+    pub.hello()
+    wait_for(lambda: len(getattr(node.sub.tracker.peers.get(pub.id), "streams", ())) == 200,
+             what="every topic's sequence to arrive in some hello")
+    assert node.sub.stats.get("decode_errors") == 0 and node.sub.stats.get("hellos_in") > 2
+    pub.close()
+    node.sub.close()

@@ -225,3 +225,31 @@ def test_every_message_delivered_once_in_order_or_exactly_its_topic_resynced(sce
         assert got == sorted(set(got)), "out of order or duplicated"
         if topic not in lost_topics:
             assert got == list(range(1, last + 1))
+
+
+def test_publisher_that_said_bye_is_forgotten_when_its_gap_fills():
+    tr = tracker()
+    tr.on_batch(batch(1), 0.0)
+    tr.on_hello(Bye("A", "a", 0.0, {"t": 2}), 0.0)
+    assert "A" in tr.peers
+    assert seqs(tr.on_batch(batch(2), 0.1)) == [2]
+    assert "A" not in tr.peers and tr.requests == []
+
+
+def test_topic_subscribed_after_the_hello_is_a_first_contact_not_a_gap():
+    topics = {"t"}
+    tr = SequenceTracker(topics, WINDOW, Stats("test", "t"))
+    tr.on_hello(hello({"t": 0}), 0.0)
+    tr.topics = topics | {"late"}
+    assert seqs(tr.on_batch(batch(500, topic="late"), 0.1)) == [500]
+    (req,) = tr.pop_requests()
+    assert (req.topic, req.reason) == ("late", "first_seen") and not tr.gap_open("A", "late")
+
+
+def test_publisher_never_heard_saying_hello_is_judged_by_the_assumed_max_idle():
+    tr = tracker(assumed_max_idle=1.0)
+    tr.on_batch(batch(1), 0.0)
+    tr.tick(2.9)
+    assert "A" in tr.peers
+    tr.tick(3.1)
+    assert [r.reason for r in tr.pop_requests()] == ["publisher_lost"] and "A" not in tr.peers

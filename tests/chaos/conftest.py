@@ -1,0 +1,3 @@
+import pytest
+
+zmq = pytest.importorskip("zmq")

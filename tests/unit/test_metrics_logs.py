@@ -1,0 +1,33 @@
+import json
+import logging
+
+from prometheus_client import REGISTRY, generate_latest
+
+from dfpubsub.logs import JsonFormatter, RateLimitedLog
+from dfpubsub.metrics import Stats, register_collector
+
+
+def test_counters_are_exported_to_prometheus():
+    register_collector()
+    register_collector()  # idempotent
+    stats = Stats("subscriber", "metrics-test")
+    stats.inc("events_in", 5)
+    stats.inc("decode_errors", reason="truncated")
+    text = generate_latest(REGISTRY).decode()
+    assert 'dfpubsub_events_in_total{name="metrics-test",reason="",role="subscriber"} 5.0' in text
+    assert 'dfpubsub_decode_errors_total{name="metrics-test",reason="truncated",role="subscriber"} 1.0' in text
+    assert stats.get("decode_errors") == 1 and stats.snapshot()["decode_errors:truncated"] == 1
+
+
+def test_json_log_lines_carry_extra_fields():
+    record = logging.makeLogRecord({"name": "x", "levelname": "WARNING", "msg": "gap", "topic": "port"})
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "gap" and line["topic"] == "port" and line["level"] == "warning"
+
+
+def test_rate_limited_log_says_how_much_it_suppressed(caplog):
+    rl = RateLimitedLog(logging.getLogger("rl-test"), interval=3600)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            rl.warning("k", "bad frame", key="v")
+    assert len(caplog.records) == 1 and caplog.records[0].suppressed == 0 and caplog.records[0].key == "v"
