@@ -7,7 +7,7 @@ pluggable drivers (``memory``, ``zmq``, ...) found through entry points.
 """
 
 from .api import Driver, PublisherTransport, SubscriberTransport
-from .cache import CachedObject, Change, VersionedCache
+from .cache import Change, VersionedCache
 from .config import Settings, load_settings
 from .errors import (
     ClosedError,
@@ -20,7 +20,7 @@ from .errors import (
     ProtocolError,
     TransportError,
 )
-from .events import CONTROL_TOPIC, Action, Bye, Event, EventBatch, Hello
+from .events import CONTROL_TOPIC, Action, Bye, Event, EventBatch, Hello, VersionedObject
 from .factory import create_driver, create_publisher, create_subscriber
 from .publisher import Publisher, PublisherOptions
 from .registry import available_drivers, load_driver
@@ -33,7 +33,6 @@ __all__ = [
     "Action",
     "Bye",
     "CONTROL_TOPIC",
-    "CachedObject",
     "Change",
     "ClosedError",
     "ConfigError",
@@ -58,6 +57,7 @@ __all__ = [
     "SubscriberTransport",
     "TransportError",
     "VersionedCache",
+    "VersionedObject",
     "available_drivers",
     "create_driver",
     "create_publisher",

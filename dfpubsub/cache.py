@@ -15,25 +15,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .events import Action, Event
+from .events import Action, Event, VersionedObject
 
-__all__ = ["CachedObject", "VersionedCache", "Change"]
-
-
-@dataclass(frozen=True, slots=True)
-class CachedObject:
-    """One live object in the cache."""
-
-    topic: str
-    table: str
-    key: str
-    version: int
-    value: Any
+__all__ = ["VersionedCache", "Change"]
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """What reconciling the cache with the source of truth changed."""
+    """What reconciling the cache with the source of truth changed.
+
+    ``previous`` is the object the cache held before (None on create).
+    """
 
     action: Action
     topic: str
@@ -41,6 +33,7 @@ class Change:
     key: str
     version: int
     value: Any = None
+    previous: VersionedObject | None = None
 
 
 class VersionedCache:
@@ -50,7 +43,7 @@ class VersionedCache:
         self.tombstone_horizon = tombstone_horizon
         self._clock = clock
         self._lock = threading.Lock()
-        self._objects: dict[tuple[str, str], CachedObject] = {}
+        self._objects: dict[tuple[str, str], VersionedObject] = {}
         # (table, key) -> (version, time of deletion)
         self._tombstones: dict[tuple[str, str], tuple[int, float]] = {}
         self._next_purge = 0.0
@@ -67,10 +60,10 @@ class VersionedCache:
                 self._maybe_purge_locked()
             else:
                 self._tombstones.pop(ident, None)
-                self._objects[ident] = CachedObject(event.topic, event.table, event.key, event.version, event.value)
+                self._objects[ident] = VersionedObject(event.topic, event.table, event.key, event.version, event.value)
             return True
 
-    def get(self, table: str, key: str) -> CachedObject | None:
+    def get(self, table: str, key: str) -> VersionedObject | None:
         """The live object, or None if absent or deleted."""
         with self._lock:
             return self._objects.get((table, key))
@@ -80,7 +73,7 @@ class VersionedCache:
         with self._lock:
             return self._version_locked((table, key))
 
-    def items(self, table: str | None = None, topic: str | None = None) -> list[CachedObject]:
+    def items(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
         """Live objects, optionally of one table and/or one topic."""
         with self._lock:
             return [
@@ -92,10 +85,10 @@ class VersionedCache:
         with self._lock:
             return len(self._objects)
 
-    def __iter__(self) -> Iterator[CachedObject]:
+    def __iter__(self) -> Iterator[VersionedObject]:
         return iter(self.items())
 
-    def reconcile(self, topics: Iterable[str], truth: Iterable[CachedObject]) -> list[Change]:
+    def reconcile(self, topics: Iterable[str], truth: Iterable[VersionedObject]) -> list[Change]:
         """Make the objects of ``topics`` equal to ``truth`` (a full listing of them).
 
         Returns the changes the cache had missed, as an informer's relist does:
@@ -116,16 +109,17 @@ class VersionedCache:
                 current = self._version_locked(ident)
                 if obj.version <= current:
                     continue
-                action = Action.UPDATE if ident in self._objects else Action.CREATE
+                previous = self._objects.get(ident)
+                action = Action.UPDATE if previous is not None else Action.CREATE
                 self._tombstones.pop(ident, None)
                 self._objects[ident] = obj
-                changes.append(Change(action, obj.topic, obj.table, obj.key, obj.version, obj.value))
+                changes.append(Change(action, obj.topic, obj.table, obj.key, obj.version, obj.value, previous))
             for ident, obj in list(self._objects.items()):
                 if obj.topic in topics and ident not in seen:
                     del self._objects[ident]
                     # The deletion's own version is unknown; the object's marks a floor.
                     self._tombstones[ident] = (obj.version, now)
-                    changes.append(Change(Action.DELETE, obj.topic, obj.table, obj.key, obj.version))
+                    changes.append(Change(Action.DELETE, obj.topic, obj.table, obj.key, obj.version, None, obj))
         return changes
 
     def _version_locked(self, ident: tuple[str, str]) -> int:

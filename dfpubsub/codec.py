@@ -26,6 +26,8 @@ __all__ = [
     "encode_hello",
     "encode_bye",
     "decode",
+    "decode_header",
+    "decode_events",
     "topic_frame",
 ]
 
@@ -136,24 +138,98 @@ def _seqs(obj: dict) -> dict[str, int]:
     return seqs
 
 
-def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
-    """Decode one envelope frame; raise :class:`DecodeError` if it is not valid."""
+def _check_size(data: bytes, max_bytes: int) -> None:
     if len(data) > max_bytes:
         raise DecodeError("oversize", f"{len(data)} bytes > limit {max_bytes}")
+
+
+def _msgpack_error(exc: Exception) -> DecodeError:
+    if isinstance(exc, msgpack.OutOfData) or "incomplete input" in str(exc):
+        return DecodeError("truncated", "frame ends inside the envelope")
+    return DecodeError("not_msgpack", str(exc)[:200])
+
+
+def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
+    """Decode and validate one envelope frame completely; raise :class:`DecodeError` if invalid."""
+    _check_size(data, max_bytes)
     try:
         # Map keys may be any scalar (values are the publisher's objects, packed as given);
         # extension types arrive as msgpack.ExtType / msgpack.Timestamp, opaque to the core.
         obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except msgpack.ExtraData as exc:
         raise DecodeError("malformed", "trailing bytes after the envelope") from exc
-    except ValueError as exc:
-        if "incomplete input" in str(exc):
-            raise DecodeError("truncated", "frame ends inside the envelope") from exc
-        raise DecodeError("not_msgpack", str(exc)[:200]) from exc
-    except (TypeError, msgpack.UnpackException) as exc:
-        raise DecodeError("not_msgpack", str(exc)[:200]) from exc
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise _msgpack_error(exc) from exc
     if type(obj) is not dict:
         raise _malformed(f"envelope must be a map, got {type(obj).__name__}")
+    env = _envelope(obj, data)
+    if type(env) is EventBatch:
+        env.events = _events(_field(obj, "events", (list,)), env.topic, env.seq, env.publisher_id)
+        env.count = len(env.events)
+        env.frame = b""
+    return env
+
+
+def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
+    """Decode an envelope but only count the events of an event envelope.
+
+    The result's ``events`` is None and ``frame`` keeps the bytes for
+    :func:`decode_events`. Skipping the events costs a tenth of decoding them,
+    and a queue of frames is bytes to the garbage collector, not a heap of
+    small objects it must traverse.
+    """
+    _check_size(data, max_bytes)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    obj: dict[str, object] = {}
+    try:
+        try:
+            n = unpacker.read_map_header()
+        except ValueError as exc:
+            if data[:1] == b"\xc1":  # the one byte msgpack never uses
+                raise DecodeError("not_msgpack", "reserved byte 0xc1") from exc
+            raise _malformed("envelope must be a map") from exc
+        for _ in range(n):
+            key = unpacker.unpack()
+            if key == "events":
+                try:
+                    count = unpacker.read_array_header()
+                except ValueError as exc:
+                    raise _malformed("field 'events' must be an array") from exc
+                for _ in range(count):
+                    unpacker.skip()
+                obj[key] = count
+            else:
+                obj[key] = unpacker.unpack()  # type: ignore[index]
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise _msgpack_error(exc) from exc
+    if unpacker.tell() != len(data):
+        raise _malformed("trailing bytes after the envelope")
+    env = _envelope(obj, data)
+    if type(env) is EventBatch:
+        env.count = _field(obj, "events", (int,))
+        if env.count < 1:
+            raise _malformed("an event envelope needs at least one event")
+    return env
+
+
+def decode_events(batch: EventBatch, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[Event]:
+    """The events of a batch from :func:`decode_header`, from ``batch.seq`` on.
+
+    The tracker may have trimmed the batch's head (duplicates), which shows as
+    a ``seq`` past the frame's own first sequence.
+    """
+    if batch.events is not None:
+        return batch.events
+    full = decode(batch.frame, max_bytes)
+    assert type(full) is EventBatch  # same bytes as the header already decoded
+    events = full.events or []
+    skip = batch.seq - full.seq
+    return events[skip:skip + batch.count] if skip else events
+
+
+def _envelope(obj: dict, data: bytes) -> Envelope:
+    """Validate the fields every kind shares and build the envelope (events left to the caller)."""
     version = obj.get("v")
     if type(version) is not int:
         raise _malformed("missing or non-integer schema version 'v'")
@@ -166,7 +242,11 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     if not pid:
         raise _malformed("empty publisher id")
     if kind == "event":
-        return _decode_batch(obj, pid, name, sent_at)
+        topic = _field(obj, "topic", (str,))
+        seq = _field(obj, "seq", (int,))
+        if not topic or seq < 1:
+            raise _malformed("an event envelope needs a topic and seq >= 1")
+        return EventBatch(pid, name, topic, seq, sent_at, None, 0, data)
     if kind == "hello":
         return Hello(
             pid, name, sent_at, _seqs(obj), _field(obj, "reason", (str,)),
@@ -177,31 +257,29 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     raise _malformed(f"unknown envelope kind {kind!r}")
 
 
-def _decode_batch(obj: dict, pid: str, name: str, sent_at: float) -> EventBatch:
-    topic = _field(obj, "topic", (str,))
-    seq = _field(obj, "seq", (int,))
-    raw = _field(obj, "events", (list,))
-    if not topic or seq < 1 or not raw:
-        raise _malformed("an event envelope needs a topic, seq >= 1 and at least one event")
+def _events(raw: list, topic: str, seq: int, pid: str) -> list[Event]:
+    if not raw:
+        raise _malformed("an event envelope needs at least one event")
     events = []
     append = events.append
     actions = ACTIONS
     s = seq
-    for item in raw:
-        if type(item) is not list or len(item) < 6:
-            raise _malformed("an event must be an array of at least 6 items")
-        table, key, action, version, value, ts = item[:6]
-        act = actions.get(action) if type(action) is str else None
-        if (
-            type(table) is not str
-            or not table
-            or type(key) is not str
-            or act is None
-            or type(version) is not int
-            or version < 0
-            or type(ts) not in (float, int)
-        ):
-            raise _malformed(f"bad event at seq {s}: {item[:4]!r}")
-        append(Event(topic, table, key, act, version, value, ts, pid, s))
-        s += 1
-    return EventBatch(pid, name, topic, seq, sent_at, events)
+    try:
+        for item in raw:
+            table, key, action, version, value, ts = item if len(item) == 6 else item[:6]
+            if (
+                type(item) is not list
+                or type(table) is not str
+                or not table
+                or type(key) is not str
+                or type(version) is not int
+                or version < 0
+                or type(ts) not in (float, int)
+            ):
+                raise _malformed(f"bad event at seq {s}")
+            append(Event(topic, table, key, actions[action], version, value, ts, pid, s))
+            s += 1
+    except (TypeError, ValueError, KeyError) as exc:
+        # Not an array of six, or an unknown or unhashable action.
+        raise _malformed(f"bad event at seq {s}: {exc}") from exc
+    return events

@@ -16,6 +16,14 @@ __all__ = [
     "InvalidEvent",
     "PayloadTooLarge",
     "ClosedError",
+    "StoreError",
+    "UnknownTable",
+    "NotFound",
+    "AlreadyExists",
+    "VersionConflict",
+    "InvalidValue",
+    "ValueTooLarge",
+    "StoreUnavailable",
 ]
 
 
@@ -69,3 +77,40 @@ class PayloadTooLarge(InvalidEvent):
 
 class ClosedError(DfPubSubError):
     """The publisher or subscriber was already closed."""
+
+
+class StoreError(DfPubSubError):
+    """Base class of northbound store errors."""
+
+
+class UnknownTable(StoreError, LookupError):
+    """The table is not declared in the store's schema."""
+
+
+class NotFound(StoreError, LookupError):
+    """No object with that table and key."""
+
+
+class AlreadyExists(StoreError):
+    """create() of an object that exists."""
+
+
+class VersionConflict(StoreError):
+    """Compare-and-set failed: the object's version is not the one expected."""
+
+    def __init__(self, table: str, key: str, expected: int, actual: int):
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{table}/{key}: expected version {expected}, found {actual}")
+
+
+class InvalidValue(StoreError, ValueError):
+    """A table name, key, topic or value the store cannot hold."""
+
+
+class ValueTooLarge(InvalidValue):
+    """A value larger than the store's ``max_value_bytes``."""
+
+
+class StoreUnavailable(StoreError, TransportError):
+    """The store's server cannot be reached (the write may or may not have happened)."""

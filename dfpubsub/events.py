@@ -22,6 +22,7 @@ __all__ = [
     "Hello",
     "Bye",
     "Envelope",
+    "VersionedObject",
     "CONTROL_TOPIC",
     "MAX_TOPIC_BYTES",
     "validate_topic",
@@ -67,21 +68,43 @@ class Event:
     seq: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class VersionedObject:
+    """An object as the northbound DB and the caches hold it."""
+
+    topic: str
+    table: str
+    key: str
+    version: int
+    value: Any
+
+
 @dataclass(slots=True)
 class EventBatch:
-    """Events of one topic from one publisher; event ``i`` has sequence ``seq + i``."""
+    """Events of one topic from one publisher; event ``i`` has sequence ``seq + i``.
+
+    A subscriber's receive thread decodes only the envelope (``events`` is
+    None, ``count`` says how many, ``frame`` keeps the bytes); the dispatch
+    thread decodes the events with :func:`dfpubsub.codec.decode_events`.
+    """
 
     publisher_id: str
     publisher_name: str
     topic: str
     seq: int
     sent_at: float
-    events: list[Event]
+    events: list[Event] | None
+    count: int = -1
+    frame: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            self.count = len(self.events or ())
 
     @property
     def last_seq(self) -> int:
         """Sequence number of the last event in the batch."""
-        return self.seq + len(self.events) - 1
+        return self.seq + self.count - 1
 
 
 @dataclass(slots=True)

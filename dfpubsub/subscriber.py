@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .api import SubscriberTransport
-from .codec import DEFAULT_MAX_MESSAGE_BYTES, decode
+from .codec import DEFAULT_MAX_MESSAGE_BYTES, decode_events, decode_header
 from .errors import ClosedError, DecodeError
 from .events import CONTROL_TOPIC, Event, EventBatch, validate_topic
 from .logs import RateLimitedLog
@@ -215,7 +215,7 @@ class Subscriber:
             now = time.monotonic()
             for frame in frames:
                 try:
-                    env = decode(frame, max_bytes)
+                    env = decode_header(frame, max_bytes)
                 except DecodeError as exc:
                     stats.inc("decode_errors", reason=exc.reason)
                     self._badlog.warning(exc.reason, "dropped undecodable frame", error=str(exc))
@@ -223,7 +223,7 @@ class Subscriber:
                 if type(env) is EventBatch:
                     stats.inc("envelopes_in")
                     if env.topic not in self._topics:
-                        stats.inc("drops", len(env.events), reason="foreign_topic")
+                        stats.inc("drops", env.count, reason="foreign_topic")
                         continue
                     for batch in tracker.on_batch(env, now):
                         self._enqueue(batch)
@@ -243,7 +243,7 @@ class Subscriber:
         try:
             self._queue.put_nowait(batch)
         except queue.Full:
-            self.stats.inc("drops", len(batch.events), reason="overflow")
+            self.stats.inc("drops", batch.count, reason="overflow")
             self._request(ResyncRequest(batch.topic, "overflow", batch.publisher_id, (batch.seq, batch.last_seq)))
 
     def _request(self, req: ResyncRequest) -> None:
@@ -282,8 +282,17 @@ class Subscriber:
                 scheduler.request((item.topic,))
 
     def _deliver(self, batch: EventBatch) -> None:
+        try:
+            events = decode_events(batch, self.options.max_message_bytes)
+        except DecodeError as exc:
+            # The header was sound but an event is not: its sequence numbers are
+            # taken, so the loss must be repaired like any other.
+            self.stats.inc("decode_errors", reason=exc.reason)
+            self._badlog.warning(exc.reason, "dropped envelope with a bad event", error=str(exc))
+            self._request(ResyncRequest(batch.topic, "bad_event", batch.publisher_id, (batch.seq, batch.last_seq)))
+            return
         handler = self.on_event
-        for event in batch.events:
+        for event in events:
             try:
                 handler(event)
             except Exception as exc:  # the handler is user code; one bad event must not kill the thread
@@ -291,7 +300,7 @@ class Subscriber:
                 self._badlog.warning("handler", "event handler failed; resyncing its topic",
                                      topic=event.topic, key=event.key, error=repr(exc))
                 self._request(ResyncRequest(event.topic, "handler_error", event.publisher_id))
-        self.stats.inc("events_in", len(batch.events))
+        self.stats.inc("events_in", len(events))
 
     def _maybe_resync(self) -> None:
         if self.on_resync is None:

@@ -213,7 +213,7 @@ class SequenceTracker:
     def _hold(self, pid: str, topic: str, st: _Stream, batch: EventBatch, now: float) -> list[EventBatch]:
         prev = st.held.get(batch.seq)
         if prev is not None and prev.last_seq >= batch.last_seq:
-            self.stats.inc("duplicates", len(batch.events))
+            self.stats.inc("duplicates", batch.count)
             return []
         st.held[batch.seq] = batch
         st.high = max(st.high, batch.last_seq)
@@ -228,14 +228,15 @@ class SequenceTracker:
         """Append the part of ``batch`` at or after ``st.next``; count the rest as duplicates."""
         last = batch.last_seq
         if last < st.next:
-            self.stats.inc("duplicates", len(batch.events))
+            self.stats.inc("duplicates", batch.count)
             return
         skip = st.next - batch.seq
         if skip > 0:
             self.stats.inc("duplicates", skip)
             batch = EventBatch(
                 batch.publisher_id, batch.publisher_name, batch.topic, st.next,
-                batch.sent_at, batch.events[skip:],
+                batch.sent_at, None if batch.events is None else batch.events[skip:],
+                batch.count - skip, batch.frame,
             )
         out.append(batch)
         st.next = last + 1

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+
+from tests.servers import EtcdServer, RedisServer, free_port
+
+__all__ = ["wait_for", "free_port"]
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:
@@ -20,13 +24,38 @@ def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float 
         time.sleep(interval)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(name="wait_for")
 def _wait_for_fixture() -> Callable[..., None]:
     return wait_for
+
+
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd of this test's own, free to kill and restart."""
+    server = EtcdServer(tmp_path / "etcd").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own, free to kill and restart."""
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def shared_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One etcd for tests that only read and write (each under its own key prefix)."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd-shared")).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for tests that only read and write (each under its own key prefix)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-shared")).start()
+    yield server
+    server.kill()

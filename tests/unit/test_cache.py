@@ -1,4 +1,5 @@
-from dfpubsub.cache import CachedObject, VersionedCache
+from dfpubsub.cache import VersionedCache
+from dfpubsub.events import VersionedObject
 from dfpubsub.events import Action, Event
 
 
@@ -59,9 +60,9 @@ def test_reconcile_reports_only_what_was_missed():
     c.apply(ev("create", 3, key="gone", value=3))
     c.apply(ev("create", 9, key="other-topic", value=9, topic="u"))
     truth = [
-        CachedObject("t", "tbl", "same", 1, 1),
-        CachedObject("t", "tbl", "stale", 7, "new"),
-        CachedObject("t", "tbl", "fresh", 8, "f"),
+        VersionedObject("t", "tbl", "same", 1, 1),
+        VersionedObject("t", "tbl", "stale", 7, "new"),
+        VersionedObject("t", "tbl", "fresh", 8, "f"),
     ]
     changes = c.reconcile({"t"}, truth)
     assert {(ch.action, ch.key, ch.version) for ch in changes} == {

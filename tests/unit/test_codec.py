@@ -128,3 +128,37 @@ def test_mutated_valid_frames_decode_or_fail_cleanly(data):
         decode(bytes(raw[:cut]))
     except DecodeError:
         pass
+
+
+def test_header_decode_counts_events_and_defers_them():
+    from dfpubsub.codec import decode_events, decode_header
+
+    frame = batch_bytes(seq=7, events=[("t", f"k{i}", "update", i + 1, {"i": i}, 0.0) for i in range(5)])
+    head = decode_header(frame)
+    assert head.events is None and head.count == 5 and head.last_seq == 11 and head.frame == frame
+    assert [e.key for e in decode_events(head)] == [f"k{i}" for i in range(5)]
+    trimmed = EventBatch(head.publisher_id, head.publisher_name, head.topic, 9, head.sent_at, None, 3, frame)
+    assert [e.seq for e in decode_events(trimmed)] == [9, 10, 11]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_header_decode_agrees_with_full_decode(data):
+    from dfpubsub.codec import decode_header
+
+    raw = bytearray(batch_bytes(events=[("t", "k", "create", 1, {"a": [1, 2]}, 0.0)] * 3))
+    for _ in range(data.draw(st.integers(0, 3))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    frame = bytes(raw[: data.draw(st.integers(1, len(raw)))])
+    try:
+        full = decode(frame)
+    except DecodeError:
+        full = None
+    try:
+        head = decode_header(frame)
+    except DecodeError:
+        assert full is None, "the header decoder refused a valid frame"
+        return
+    if full is not None:
+        assert (head.publisher_id, head.seq, head.count if hasattr(head, "count") else 0) == (
+            full.publisher_id, full.seq, full.count if hasattr(full, "count") else 0)

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from dfpubsub import (
-    CachedObject,
+    VersionedObject,
     ClosedError,
     InvalidEvent,
     PayloadTooLarge,
@@ -35,7 +35,7 @@ class DB:
     def write(self, topic, key, value):
         with self.lock:
             self.version += 1
-            self.rows[key] = CachedObject(topic, "tbl", key, self.version, value)
+            self.rows[key] = VersionedObject(topic, "tbl", key, self.version, value)
             return self.version
 
     def list(self, topics):
@@ -312,4 +312,21 @@ def test_hellos_of_many_topics_are_split_to_fit(driver):
              what="every topic's sequence to arrive in some hello")
     assert node.sub.stats.get("decode_errors") == 0 and node.sub.stats.get("hellos_in") > 2
     pub.close()
+    node.sub.close()
+
+
+def test_envelope_with_a_bad_event_is_counted_and_its_topic_resynced(driver):
+    import msgpack
+
+    db = DB()
+    node = Node(driver, ["a"], db)
+    node.sub.start()
+    node.sub.wait_synced(5)
+    raw = driver.publisher(Stats("raw", "raw"))
+    frame = msgpack.packb({"v": 1, "kind": "event", "pub": "rogue", "name": "", "topic": "a", "seq": 1,
+                           "sent_at": 0.0, "events": [["tbl", "k", "create", "not-a-version", None, 0.0]]})
+    raw.send("a", frame)
+    wait_for(lambda: len(node.resyncs) == 2, what="the bad event's resync")
+    assert node.sub.stats.get("decode_errors", "malformed") == 1
+    assert [g.reason for g in node.gaps] == ["bad_event"]
     node.sub.close()

@@ -1,0 +1,49 @@
+"""The northbound store: versioned objects in tables, behind one contract.
+
+``open_store(url, tables)`` picks the backend by URL scheme:
+
+- ``sqlite:///path/nb.sqlite`` (the default; ``sqlite:///:memory:`` for tests)
+- ``etcd://host:port`` (etcd 3.4+ through aetcd)
+- ``redis://host:port/db`` (Redis 7 through redis-py, atomic Lua scripts)
+
+Backends are imported only when opened, so the SQLite default needs neither
+aetcd nor redis installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError
+from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, Store
+
+__all__ = ["Store", "AsyncStore", "open_store", "DEFAULT_MAX_VALUE_BYTES"]
+
+
+def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
+    """Open the store at ``url`` with the schema ``tables``.
+
+    ``options`` go to the backend: ``max_value_bytes`` for all, ``prefix`` for
+    etcd and Redis (namespace of the keys), ``synchronous`` for SQLite.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        from .sqlite import SqliteStore
+
+        path = url[len("sqlite://"):]
+        if path in ("/:memory:", ":memory:"):
+            path = ":memory:"
+        if not path:
+            raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:///var/lib/dfpubsub/nb.sqlite: {url!r}")
+        return SqliteStore(path, tables, **options)
+    if scheme == "etcd":
+        from .etcd import EtcdStore
+
+        return EtcdStore(url, tables, **options)
+    if scheme == "redis":
+        from .redis import RedisStore
+
+        return RedisStore(url, tables, **options)
+    raise ConfigError(f"unknown store URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")

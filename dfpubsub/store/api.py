@@ -1,0 +1,200 @@
+"""The northbound store contract: versioned objects in declared tables.
+
+Every write gets a new **version** from one store-wide counter (etcd's
+revision, a counter row in SQLite, a counter key in Redis), so versions
+increase strictly per object *and* across deletes and re-creates: a late
+event about a deleted object can never look newer than its deletion.
+Writes may compare-and-set on the version they expect.
+
+Values are msgpack-encoded by this base class, which also validates names and
+sizes, so every backend fails the same way on bad input and nothing is
+half-written. Backends implement the ``_``-prefixed hooks.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+from ..errors import InvalidValue, UnknownTable, ValueTooLarge
+from ..events import VersionedObject
+
+__all__ = ["Store", "AsyncStore", "DEFAULT_MAX_VALUE_BYTES"]
+
+DEFAULT_MAX_VALUE_BYTES = 1 << 20
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_MAX_KEY_BYTES = 1024
+
+
+def decode_value(blob: bytes) -> Any:
+    """Inverse of the encoding the base class applies to values."""
+    return msgpack.unpackb(blob, raw=False, strict_map_key=False)
+
+
+class Store(abc.ABC):
+    """Synchronous, thread-safe store of versioned objects.
+
+    ``tables`` is the schema: writing or reading any other table raises
+    :class:`UnknownTable`. An object's ``topic`` (what subscribers take)
+    defaults to its table's name.
+    """
+
+    #: Short name of the backend ("sqlite", "etcd", "redis").
+    backend: str = ""
+
+    def __init__(self, tables: Iterable[str], max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES):
+        tables = frozenset(tables)
+        for t in tables:
+            if not isinstance(t, str) or not _NAME.match(t):
+                raise InvalidValue(f"table name {t!r} must match {_NAME.pattern}")
+        self.tables = tables
+        self.max_value_bytes = max_value_bytes
+
+    # -- public API ------------------------------------------------------------
+
+    def get(self, table: str, key: str) -> VersionedObject | None:
+        """The object, or None."""
+        self._check(table, key)
+        return self._get(table, key)
+
+    def list(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
+        """Objects of ``table`` (all tables if None), optionally only of ``topic``."""
+        if table is not None:
+            self._check(table)
+        return self._list(table, None if topic is None else {topic})
+
+    def list_topics(self, topics: Iterable[str]) -> list[VersionedObject]:
+        """Objects of every table whose topic is in ``topics`` (what a resync reads)."""
+        return self._list(None, set(topics))
+
+    def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
+        """Create an object; :class:`~dfpubsub.errors.AlreadyExists` if it exists."""
+        self._check(table, key)
+        return self._create(table, key, self._topic(table, topic), self._encode(table, key, value), value)
+
+    def update(
+        self, table: str, key: str, value: Any, expected_version: int | None = None, topic: str | None = None
+    ) -> VersionedObject:
+        """Replace an object's value (and topic, if given).
+
+        :class:`~dfpubsub.errors.NotFound` if it does not exist;
+        :class:`~dfpubsub.errors.VersionConflict` if ``expected_version`` is
+        given and differs.
+        """
+        self._check(table, key)
+        if topic is not None:
+            self._topic(table, topic)
+        return self._update(table, key, topic, self._encode(table, key, value), value, expected_version)
+
+    def delete(self, table: str, key: str, expected_version: int | None = None) -> VersionedObject:
+        """Delete an object; returns it with the deletion's version and no value."""
+        self._check(table, key)
+        return self._delete(table, key, expected_version)
+
+    def drop_all(self) -> int:
+        """Delete every object of every table without publishing; returns how many."""
+        return self._drop_all()
+
+    def count(self, table: str | None = None) -> int:
+        """Number of objects (in ``table``)."""
+        return len(self.list(table))
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- validation --------------------------------------------------------------
+
+    def _check(self, table: str, key: str | None = None) -> None:
+        if table not in self.tables:
+            raise UnknownTable(f"unknown table {table!r}; tables: {', '.join(sorted(self.tables)) or 'none'}")
+        if key is not None:
+            if not isinstance(key, str) or not key or "\x00" in key or len(key.encode()) > _MAX_KEY_BYTES:
+                raise InvalidValue(f"key must be a non-empty str of at most {_MAX_KEY_BYTES} bytes without NUL")
+
+    def _topic(self, table: str, topic: str | None) -> str:
+        if topic is None:
+            return table
+        if not isinstance(topic, str) or not topic or topic.startswith("$") or "\x00" in topic:
+            raise InvalidValue(f"invalid topic {topic!r}")
+        return topic
+
+    def _encode(self, table: str, key: str, value: Any) -> bytes:
+        try:
+            blob = msgpack.packb(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidValue(f"{table}/{key}: value is not serialisable: {exc}") from exc
+        if len(blob) > self.max_value_bytes:
+            raise ValueTooLarge(f"{table}/{key}: value is {len(blob)} bytes; the limit is {self.max_value_bytes}")
+        return blob
+
+    # -- backend hooks -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _get(self, table: str, key: str) -> VersionedObject | None: ...
+
+    @abc.abstractmethod
+    def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]: ...
+
+    @abc.abstractmethod
+    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject: ...
+
+    @abc.abstractmethod
+    def _update(
+        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
+    ) -> VersionedObject: ...
+
+    @abc.abstractmethod
+    def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject: ...
+
+    @abc.abstractmethod
+    def _drop_all(self) -> int: ...
+
+
+class AsyncStore:
+    """The same contract for asyncio code: each call runs in a worker thread.
+
+    Store calls are short and the backends' clients are synchronous (or, for
+    etcd, bound to their own loop), so a thread per call keeps one
+    implementation per backend instead of two.
+    """
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    async def get(self, table: str, key: str) -> VersionedObject | None:
+        """See :meth:`Store.get`."""
+        return await asyncio.to_thread(self.store.get, table, key)
+
+    async def list(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
+        """See :meth:`Store.list`."""
+        return await asyncio.to_thread(self.store.list, table, topic)
+
+    async def list_topics(self, topics: Iterable[str]) -> list[VersionedObject]:
+        """See :meth:`Store.list_topics`."""
+        return await asyncio.to_thread(self.store.list_topics, list(topics))
+
+    async def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
+        """See :meth:`Store.create`."""
+        return await asyncio.to_thread(self.store.create, table, key, value, topic)
+
+    async def update(
+        self, table: str, key: str, value: Any, expected_version: int | None = None, topic: str | None = None
+    ) -> VersionedObject:
+        """See :meth:`Store.update`."""
+        return await asyncio.to_thread(self.store.update, table, key, value, expected_version, topic)
+
+    async def delete(self, table: str, key: str, expected_version: int | None = None) -> VersionedObject:
+        """See :meth:`Store.delete`."""
+        return await asyncio.to_thread(self.store.delete, table, key, expected_version)

@@ -1,0 +1,183 @@
+"""Embedded SQLite store, the default: one file, WAL, safe for several processes.
+
+Writers take SQLite's write lock up front (``BEGIN IMMEDIATE``) and bump one
+revision counter in the same transaction, so versions are unique and
+increasing across every process sharing the file. Readers never block writers
+(WAL). A forked child reopens its own connection.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import AlreadyExists, NotFound, StoreUnavailable, VersionConflict
+from ..events import VersionedObject
+from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+
+__all__ = ["SqliteStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nb_objects (
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (tbl, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS nb_objects_topic ON nb_objects (topic);
+CREATE TABLE IF NOT EXISTS nb_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO nb_meta VALUES ('revision', 0);
+"""
+_NEXT_VERSION = "UPDATE nb_meta SET value = value + 1 WHERE name = 'revision' RETURNING value"
+
+
+class SqliteStore(Store):
+    """``sqlite:///path/to/nb.sqlite`` (``sqlite:///:memory:`` for a private, in-memory one)."""
+
+    backend = "sqlite"
+
+    def __init__(
+        self,
+        path: str,
+        tables: Iterable[str],
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 30.0,
+    ):
+        super().__init__(tables, max_value_bytes)
+        self.path = path
+        self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._conn: sqlite3.Connection | None = None
+        self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        if self.path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        try:
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _write(self, fn: Any) -> VersionedObject:
+        with self._lock:
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite write failed: {exc}") from exc
+
+    def _read(self, sql: str, args: tuple) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._connect().execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite read failed: {exc}") from exc
+
+    def _get(self, table: str, key: str) -> VersionedObject | None:
+        rows = self._read("SELECT topic, version, value FROM nb_objects WHERE tbl = ? AND key = ?", (table, key))
+        if not rows:
+            return None
+        topic, version, blob = rows[0]
+        return VersionedObject(topic, table, key, version, decode_value(blob))
+
+    def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
+        sql = "SELECT topic, tbl, key, version, value FROM nb_objects"
+        where: list[str] = []
+        args: list[Any] = []
+        if table is not None:
+            where.append("tbl = ?")
+            args.append(table)
+        if topics is not None:
+            if not topics:
+                return []
+            where.append(f"topic IN ({','.join('?' * len(topics))})")
+            args.extend(topics)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        unpack = decode_value
+        return [
+            VersionedObject(topic, tbl, key, version, unpack(blob))
+            for topic, tbl, key, version, blob in self._read(sql, tuple(args))
+            if tbl in self.tables
+        ]
+
+    @staticmethod
+    def _current(conn: sqlite3.Connection, table: str, key: str) -> tuple[str, int] | None:
+        row = conn.execute("SELECT topic, version FROM nb_objects WHERE tbl = ? AND key = ?", (table, key)).fetchone()
+        return row
+
+    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
+        def run(conn: sqlite3.Connection) -> VersionedObject:
+            if self._current(conn, table, key) is not None:
+                raise AlreadyExists(f"{table}/{key} already exists")
+            (version,) = conn.execute(_NEXT_VERSION).fetchone()
+            conn.execute("INSERT INTO nb_objects VALUES (?, ?, ?, ?, ?)", (table, key, topic, version, blob))
+            return VersionedObject(topic, table, key, version, value)
+
+        return self._write(run)
+
+    def _update(
+        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
+    ) -> VersionedObject:
+        def run(conn: sqlite3.Connection) -> VersionedObject:
+            current = self._current(conn, table, key)
+            if current is None:
+                raise NotFound(f"{table}/{key} does not exist")
+            if expected is not None and current[1] != expected:
+                raise VersionConflict(table, key, expected, current[1])
+            new_topic = topic or current[0]
+            (version,) = conn.execute(_NEXT_VERSION).fetchone()
+            conn.execute(
+                "UPDATE nb_objects SET topic = ?, version = ?, value = ? WHERE tbl = ? AND key = ?",
+                (new_topic, version, blob, table, key),
+            )
+            return VersionedObject(new_topic, table, key, version, value)
+
+        return self._write(run)
+
+    def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject:
+        def run(conn: sqlite3.Connection) -> VersionedObject:
+            current = self._current(conn, table, key)
+            if current is None:
+                raise NotFound(f"{table}/{key} does not exist")
+            if expected is not None and current[1] != expected:
+                raise VersionConflict(table, key, expected, current[1])
+            (version,) = conn.execute(_NEXT_VERSION).fetchone()
+            conn.execute("DELETE FROM nb_objects WHERE tbl = ? AND key = ?", (table, key))
+            return VersionedObject(current[0], table, key, version, None)
+
+        return self._write(run)
+
+    def _drop_all(self) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM nb_objects").rowcount
+
+        return self._write(run)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None

@@ -1,0 +1,150 @@
+"""Real etcd and Redis servers for tests: started on free loopback ports in temp dirs.
+
+Tests kill and restart them to inject faults; they only ever touch the
+processes they started themselves (never the machine's own servers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = ["ServerProcess", "EtcdServer", "RedisServer", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server binary run in its own directory; ``kill()`` is SIGKILL, ``restart()`` keeps data."""
+
+    binary = ""
+
+    def __init__(self, workdir: Path):
+        if shutil.which(self.binary) is None:
+            raise RuntimeError(f"{self.binary} is not installed; run the README test command (./dev test)")
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 30.0) -> "ServerProcess":
+        log = open(self.workdir / f"{self.binary}.log", "ab")
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.binary} exited with {self.proc.returncode}; see {self.workdir}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.binary} not ready after {timeout}s; see {self.workdir}")
+            time.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, like a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self) -> "ServerProcess":
+        self.kill()
+        return self.start()
+
+    def _tcp_open(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+
+class EtcdServer(ServerProcess):
+    """A single-member etcd cluster."""
+
+    binary = "etcd"
+
+    def __init__(self, workdir: Path):
+        super().__init__(workdir)
+        self.peer_port = free_port()
+
+    @property
+    def url(self) -> str:
+        return f"etcd://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        client = f"http://127.0.0.1:{self.port}"
+        return [
+            "etcd", "--name", "test", "--data-dir", str(self.workdir / "data"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"test={peer}", "--max-request-bytes", str(4 << 20),
+            "--quota-backend-bytes", str(2 << 30), "--log-level", "warn",
+        ]
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=0.5) as r:
+                return json.loads(r.read()).get("health") == "true"
+        except (OSError, ValueError):
+            return False
+
+
+class RedisServer(ServerProcess):
+    """redis-server with an append-only file, so a kill loses at most a second."""
+
+    binary = "redis-server"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def argv(self) -> list[str]:
+        return [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+            "--save", "", "--appendonly", "yes", "--protected-mode", "yes", "--daemonize", "no",
+        ]
+
+    def ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
+def _cleanup_env() -> None:
+    # etcd reads ETCD_* variables; a developer's environment must not leak into tests.
+    for name in list(os.environ):
+        if name.startswith("ETCD_"):
+            del os.environ[name]
+
+
+_cleanup_env()
