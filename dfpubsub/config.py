@@ -22,6 +22,8 @@ from .errors import ConfigError
 __all__ = [
     "PubSubSettings",
     "CacheSettings",
+    "StoreSettings",
+    "ControllerSettings",
     "LogSettings",
     "MetricsSettings",
     "Settings",
@@ -72,6 +74,28 @@ class CacheSettings(_Section):
     tombstone_horizon: float = Field(300.0, gt=0, description="Seconds a delete's tombstone blocks older updates.")
 
 
+class StoreSettings(_Section):
+    """``[store]``: the northbound DB."""
+
+    url: str = Field(
+        "sqlite:///var/lib/dfpubsub/nb.sqlite",
+        description="sqlite:///path (embedded, default), etcd://host:port or redis://host:port/db.",
+    )
+    tables: list[str] = Field(
+        default_factory=lambda: ["chassis", "network", "subnet", "port", "router", "secgroup"],
+        description="The tables of the schema; any other table is an error.",
+    )
+    max_value_bytes: int = Field(1 << 20, ge=1024, description="Largest object value, bytes (msgpack).")
+    prefix: str = Field("dfpubsub", description="Key namespace on etcd and Redis.")
+
+
+class ControllerSettings(_Section):
+    """``[controller]``: the controller runtime (df-controller)."""
+
+    name: str = Field("", description="Name in logs and metrics (default: host name).")
+    reconcile_interval: float = Field(0.0, ge=0, description="Seconds between full reconciles (0: only on gaps).")
+
+
 class LogSettings(_Section):
     """``[log]``."""
 
@@ -94,6 +118,8 @@ class Settings(BaseSettings):
     pubsub: PubSubSettings = Field(default_factory=PubSubSettings)
     driver: dict[str, dict[str, Any]] = Field(default_factory=dict)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
@@ -159,6 +185,8 @@ def load_settings(config_file: str | None = None, overrides: dict[str, Any] | No
 _SECTIONS: dict[str, type[_Section]] = {
     "pubsub": PubSubSettings,
     "cache": CacheSettings,
+    "store": StoreSettings,
+    "controller": ControllerSettings,
     "log": LogSettings,
     "metrics": MetricsSettings,
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import EtcdServer, RedisServer, free_port
+from dfpubsub.tools.servers import EtcdServer, RedisServer, free_port
 
 __all__ = ["wait_for", "free_port"]
 

@@ -1,142 +1,151 @@
-"""df-demo: one publisher, two subscribers on ZeroMQ, a message lost on the wire, and its repair.
+"""df-demo: publishers, subscribers, a message lost on the wire, and its repair by resync.
 
-What it shows, step by step:
-1. A publisher binds a ZeroMQ tcp socket on loopback; two subscribers connect,
-   subscribe (A: ``port`` and ``network``; B: ``portbinding``), and full-sync
-   their caches from the northbound DB before applying events.
-2. API-style writes go to the DB and are published. One envelope on ``port``
-   is dropped on the wire (fault injection at the publisher's transport).
-3. Subscriber A sees the sequence jump, holds later messages for the delay
-   window, then resyncs ``port`` from the DB and recovers the lost change.
-   B, which takes only ``portbinding``, sees no false gap and never receives
-   ``port`` events even though ZeroMQ's own filter is a byte prefix.
-4. Both caches are checked object by object against the DB.
+Everything runs on the embedded default, with no server to install: the
+northbound store is a SQLite file in a temporary directory, the transport is
+ZeroMQ over loopback TCP.
+
+1. An API worker (NbApi) writes to the store and publishes each change; two
+   controllers subscribe (A: ``port`` and ``network``; B: ``portbinding``) and
+   full-sync their caches from the store before applying events.
+2. One envelope on ``port`` is lost on the wire (fault injection at the
+   publisher's transport). Controller A sees the sequence jump, holds later
+   messages for the delay window, then resyncs ``port`` from the store and
+   recovers exactly the lost change. B sees no false gap and never receives
+   ``port`` events, although ZeroMQ's own filter is a byte prefix.
+3. Controller B is stopped, writes go on, and B restarts with an empty cache:
+   subscribe, full sync, events.
+4. Every cache is checked object by object against the store.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import threading
+import tempfile
 import time
-from typing import Any
+from pathlib import Path
 
-from dfpubsub.cache import CachedObject, VersionedCache
-from dfpubsub.events import Event
+from dfpubsub.cache import Change
+from dfpubsub.controller import Controller
+from dfpubsub.events import VersionedObject
 from dfpubsub.faults import LossyTransport, drop_nth
 from dfpubsub.metrics import Stats
+from dfpubsub.nbapi import NbApi
 from dfpubsub.publisher import Publisher, PublisherOptions
 from dfpubsub.registry import load_driver
-from dfpubsub.subscriber import Subscriber, SubscriberOptions
+from dfpubsub.store import Store, open_store
+from dfpubsub.subscriber import SubscriberOptions
 from dfpubsub.tracker import ResyncRequest
 
-TOPICS = {"port": "port", "network": "network", "portbinding": "portbinding"}
-
-
-class DemoDB:
-    """The demo's source of truth: versioned rows in memory, one topic per table."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.rows: dict[tuple[str, str], CachedObject] = {}
-        self._version = 0
-
-    def write(self, table: str, key: str, value: dict[str, Any]) -> CachedObject:
-        with self._lock:
-            self._version += 1
-            obj = CachedObject(TOPICS[table], table, key, self._version, value)
-            self.rows[(table, key)] = obj
-            return obj
-
-    def list(self, topics: set[str]) -> list[CachedObject]:
-        with self._lock:
-            return [o for o in self.rows.values() if o.topic in topics]
+TABLES = ["port", "network", "portbinding"]
 
 
 def say(who: str, msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {who:<13} {msg}", flush=True)
 
 
-class DemoController:
-    """A subscriber with a versioned cache that reconciles against the DB on resync."""
+class Counter:
+    """A table handler that counts what it is told."""
 
-    def __init__(self, name: str, topics: list[str], endpoint: str, db: DemoDB):
-        self.name = name
-        self.db = db
-        self.cache = VersionedCache()
-        self.received: dict[str, int] = {}
-        driver = load_driver("zmq")
-        stats = Stats("subscriber", name)
-        opts = SubscriberOptions(message_delay_window=0.3)
-        self.sub = Subscriber(
-            driver.subscriber(stats), topics, self.on_event, self.on_resync, opts, name, self.on_gap, stats
-        )
-        self.sub.connect(endpoint)
+    def __init__(self) -> None:
+        self.seen = 0
 
-    def on_event(self, event: Event) -> None:
-        self.received[event.topic] = self.received.get(event.topic, 0) + 1
-        self.cache.apply(event)
+    def on_create(self, obj: VersionedObject) -> None:
+        self.seen += 1
 
-    def on_gap(self, req: ResyncRequest) -> None:
+    def on_update(self, obj: VersionedObject, previous: VersionedObject) -> None:
+        self.seen += 1
+
+    def on_delete(self, previous: VersionedObject) -> None:
+        self.seen += 1
+
+
+def start_controller(name: str, topics: list[str], endpoint: str, store: Store) -> Controller:
+    def on_gap(req: ResyncRequest) -> None:
         if req.reason == "gap_expired":
             lo, hi = req.missing or (0, 0)
-            say(self.name, f"GAP on topic {req.topic!r}: seq {lo}..{hi} never arrived within the delay window")
+            say(name, f"GAP on topic {req.topic!r}: seq {lo}..{hi} never arrived within the delay window")
 
-    def on_resync(self, topics: set[str]) -> None:
-        changes = self.cache.reconcile(topics, self.db.list(topics))
-        what = ", ".join(f"{c.action.value} {c.table}/{c.key} v{c.version}" for c in changes) or "nothing missing"
-        say(self.name, f"resync of {sorted(topics)} from the DB: {what}")
+    def on_reconciled(topics: set[str], changes: list[Change]) -> None:
+        what = ", ".join(f"{c.action.value} {c.table}/{c.key} v{c.version}" for c in changes[:6])
+        more = f" and {len(changes) - 6} more" if len(changes) > 6 else ""
+        say(name, f"resync of {sorted(topics)} from the store: {what + more or 'nothing missing'}")
 
-    def check(self) -> bool:
-        truth = {(o.table, o.key): o for o in self.db.list(set(self.sub.topics))}
-        mine = {(o.table, o.key): o for o in self.cache.items()}
-        return truth == mine
+    ctrl = Controller(
+        store, load_driver("zmq").subscriber(Stats("subscriber", name)), topics,
+        {t: Counter() for t in TABLES}, SubscriberOptions(message_delay_window=0.3), name,
+        on_gap=on_gap, on_reconciled=on_reconciled,
+    )
+    ctrl.connect(endpoint)
+    ctrl.start()
+    if not ctrl.synced.wait(10):
+        raise SystemExit(f"{name} did not sync")
+    say(name, f"subscribed to {sorted(topics)} and synced: {len(ctrl.cache)} objects")
+    return ctrl
 
 
-def run(n_writes: int) -> int:
-    db = DemoDB()
+def converged(ctrl: Controller, store: Store) -> bool:
+    truth = {(o.table, o.key): o for o in store.list_topics(ctrl.subscriber.topics)}
+    return truth == {(o.table, o.key): o for o in ctrl.cache.items()}
+
+
+def wait(cond: object, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def write(api: NbApi, i: int) -> None:
+    table = TABLES[i % 3]
+    key = f"{table}-{i % 7}"
+    if api.get(table, key) is None:
+        api.create(table, key, {"i": i, "name": f"{table} {i}"})
+    else:
+        api.update(table, key, {"i": i, "name": f"{table} {i}"})
+
+
+def run(n_writes: int, workdir: Path) -> int:
+    store = open_store(f"sqlite://{workdir}/nb.sqlite", TABLES)
+    say("store", f"embedded SQLite at {workdir}/nb.sqlite")
     stats = Stats("publisher", "api-worker")
     transport = LossyTransport(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), drop_nth("port", 5))
     pub = Publisher(transport, "api-worker", PublisherOptions(batch_linger=0, max_idle_time=1.0), stats)
+    api = NbApi(store, pub)
     say("publisher", f"bound {transport.uri}, id {pub.id[:8]}")
-    a = DemoController("controller-A", ["port", "network"], transport.uri, db)
-    b = DemoController("controller-B", ["portbinding"], transport.uri, db)
-    for c in (a, b):
-        c.sub.start()
-        if not c.sub.wait_synced(5):
-            say(c.name, "did not sync")
-            return 1
-        say(c.name, f"subscribed to {sorted(c.sub.topics)} and synced")
-    # ZeroMQ connects asynchronously: wait until both subscribers are heard by the publisher.
-    deadline = time.monotonic() + 5
-    while pub.stats.get("hellos_out", "welcome") < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.2)
+    a = start_controller("controller-A", ["port", "network"], transport.uri, store)
+    b = start_controller("controller-B", ["portbinding"], transport.uri, store)
+    # ZeroMQ connects in the background: start writing once the publisher has heard both.
+    wait(lambda: pub.stats.get("subscribers_joined") >= 2)
 
-    say("publisher", f"{n_writes} writes: ports, networks and port bindings; the 5th 'port' envelope is lost")
+    say("api-worker", f"{n_writes} writes to ports, networks and port bindings; the 5th 'port' envelope is lost")
     for i in range(n_writes):
-        table = ("port", "network", "portbinding")[i % 3]
-        obj = db.write(table, f"{table}-{i % 7}", {"i": i, "name": f"{table} {i}"})
-        pub.publish(obj.topic, obj.table, obj.key, "update" if i >= 7 else "create", obj.version, obj.value)
-    say("publisher", f"done; envelopes dropped on the wire: {transport.dropped}")
+        write(api, i)
+    say("publisher", f"envelopes dropped on the wire: {transport.dropped}")
+    ok = wait(lambda: converged(a, store) and converged(b, store) and a.stats.get("resyncs") >= 2)
 
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (a.check() and b.check() and a.sub.stats.get("resyncs") >= 2):
-        time.sleep(0.05)
-    ok = True
+    say("controller-B", "stopping; 12 more writes while it is down")
+    b.stop()
+    for i in range(n_writes, n_writes + 12):
+        write(api, i)
+    b = start_controller("controller-B", ["portbinding"], transport.uri, store)
+    ok &= wait(lambda: converged(a, store) and converged(b, store))
+
     for c in (a, b):
-        equal = c.check()
+        s = c.stats
+        equal = converged(c, store)
+        say(c.name, f"{len(c.cache)} objects, gaps {s.get('gaps')}, resyncs {s.get('resyncs')} "
+                    f"(incl. the initial sync), cache == store object by object: {equal}")
         ok &= equal
-        s = c.sub.stats
-        say(c.name, f"received {c.received}, gaps {s.get('gaps')}, resyncs {s.get('resyncs')} "
-                    f"(incl. the initial sync), cache == DB: {equal}")
-    false_gaps = b.sub.stats.get("gaps")
-    leaked = b.received.get("port", 0)
-    say("controller-B", f"false gaps: {false_gaps}; 'port' events leaked through the prefix filter: {leaked}")
-    ok &= false_gaps == 0 and leaked == 0 and a.sub.stats.get("gaps") >= 1
-    pub.close()
-    a.sub.close()
-    b.sub.close()
+    false_gaps = b.stats.get("gaps")
+    leaked = len([o for o in b.cache.items() if o.topic == "port"])
+    say("controller-B", f"false gaps: {false_gaps}; 'port' objects leaked through the prefix filter: {leaked}")
+    ok &= false_gaps == 0 and leaked == 0 and a.stats.get("gaps") >= 1
+    a.stop()
+    b.stop()
+    api.close()
     say("demo", "OK: the lost message was detected and repaired by resync" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -144,9 +153,10 @@ def run(n_writes: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-demo``."""
     parser = argparse.ArgumentParser(prog="df-demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--writes", type=int, default=30, help="number of DB writes to publish")
+    parser.add_argument("--writes", type=int, default=30, help="number of store writes to publish")
     args = parser.parse_args(argv)
-    return run(args.writes)
+    with tempfile.TemporaryDirectory(prefix="df-demo-") as tmp:
+        return run(args.writes, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -124,16 +124,25 @@ class SqliteStore(Store):
         ]
 
     @staticmethod
-    def _current(conn: sqlite3.Connection, table: str, key: str) -> tuple[str, int] | None:
-        row = conn.execute("SELECT topic, version FROM nb_objects WHERE tbl = ? AND key = ?", (table, key)).fetchone()
-        return row
+    def _refusal(conn: sqlite3.Connection, table: str, key: str, expected: int | None) -> Exception:
+        """Why a conditional write matched no row (only read on the failure path)."""
+        row = conn.execute("SELECT version FROM nb_objects WHERE tbl = ? AND key = ?", (table, key)).fetchone()
+        if row is None:
+            return NotFound(f"{table}/{key} does not exist")
+        return VersionConflict(table, key, expected if expected is not None else -1, row[0])
+
+    # Each write is the revision bump plus one statement whose RETURNING says whether it
+    # applied; a refused write raises and _write rolls the bump back.
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
         def run(conn: sqlite3.Connection) -> VersionedObject:
-            if self._current(conn, table, key) is not None:
-                raise AlreadyExists(f"{table}/{key} already exists")
             (version,) = conn.execute(_NEXT_VERSION).fetchone()
-            conn.execute("INSERT INTO nb_objects VALUES (?, ?, ?, ?, ?)", (table, key, topic, version, blob))
+            row = conn.execute(
+                "INSERT INTO nb_objects VALUES (?, ?, ?, ?, ?) ON CONFLICT (tbl, key) DO NOTHING RETURNING 1",
+                (table, key, topic, version, blob),
+            ).fetchone()
+            if row is None:
+                raise AlreadyExists(f"{table}/{key} already exists")
             return VersionedObject(topic, table, key, version, value)
 
         return self._write(run)
@@ -142,31 +151,28 @@ class SqliteStore(Store):
         self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
     ) -> VersionedObject:
         def run(conn: sqlite3.Connection) -> VersionedObject:
-            current = self._current(conn, table, key)
-            if current is None:
-                raise NotFound(f"{table}/{key} does not exist")
-            if expected is not None and current[1] != expected:
-                raise VersionConflict(table, key, expected, current[1])
-            new_topic = topic or current[0]
             (version,) = conn.execute(_NEXT_VERSION).fetchone()
-            conn.execute(
-                "UPDATE nb_objects SET topic = ?, version = ?, value = ? WHERE tbl = ? AND key = ?",
-                (new_topic, version, blob, table, key),
-            )
-            return VersionedObject(new_topic, table, key, version, value)
+            row = conn.execute(
+                "UPDATE nb_objects SET topic = COALESCE(?, topic), version = ?, value = ? "
+                "WHERE tbl = ? AND key = ? AND (? IS NULL OR version = ?) RETURNING topic",
+                (topic, version, blob, table, key, expected, expected),
+            ).fetchone()
+            if row is None:
+                raise self._refusal(conn, table, key, expected)
+            return VersionedObject(row[0], table, key, version, value)
 
         return self._write(run)
 
     def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject:
         def run(conn: sqlite3.Connection) -> VersionedObject:
-            current = self._current(conn, table, key)
-            if current is None:
-                raise NotFound(f"{table}/{key} does not exist")
-            if expected is not None and current[1] != expected:
-                raise VersionConflict(table, key, expected, current[1])
             (version,) = conn.execute(_NEXT_VERSION).fetchone()
-            conn.execute("DELETE FROM nb_objects WHERE tbl = ? AND key = ?", (table, key))
-            return VersionedObject(current[0], table, key, version, None)
+            row = conn.execute(
+                "DELETE FROM nb_objects WHERE tbl = ? AND key = ? AND (? IS NULL OR version = ?) RETURNING topic",
+                (table, key, expected, expected),
+            ).fetchone()
+            if row is None:
+                raise self._refusal(conn, table, key, expected)
+            return VersionedObject(row[0], table, key, version, None)
 
         return self._write(run)
 

@@ -1,7 +1,8 @@
-"""Real etcd and Redis servers for tests: started on free loopback ports in temp dirs.
+"""Private etcd and Redis servers for tests and benchmarks, on free loopback ports in temp dirs.
 
 Tests kill and restart them to inject faults; they only ever touch the
 processes they started themselves (never the machine's own servers).
+Installed as ``dfpubsub.tools.servers``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class ServerProcess:
 
     def __init__(self, workdir: Path):
         if shutil.which(self.binary) is None:
-            raise RuntimeError(f"{self.binary} is not installed; run the README test command (./dev test)")
+            raise RuntimeError(f"{self.binary} is not installed; ./dev test installs it (apt)")
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()

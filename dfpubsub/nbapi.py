@@ -1,0 +1,121 @@
+"""NbApi: write to the northbound store, then publish the change with its version.
+
+The store assigns the version; the event carries it, so every cache can tell
+newer from older whatever order events arrive in. If publishing fails the
+write still stands (the store is the truth) and subscribers find the hole by
+sequence and resync. A process that dies between the write and the publish
+sends no event at all; the optional periodic reconcile of the controllers
+covers that window (docs/store.md).
+
+:class:`NbApi` is synchronous, for forked web workers; :class:`AsyncNbApi`
+is the same for asyncio daemons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .config import Settings
+from .events import Action, VersionedObject
+from .factory import create_publisher
+from .publisher import Publisher
+from .store import Store, open_store
+
+__all__ = ["NbApi", "AsyncNbApi", "open_store_from_settings"]
+
+
+def open_store_from_settings(settings: Settings) -> Store:
+    """Open the store that ``[store]`` describes."""
+    s = settings.store
+    options: dict[str, Any] = {"max_value_bytes": s.max_value_bytes}
+    if not s.url.startswith("sqlite"):
+        options["prefix"] = s.prefix
+    return open_store(s.url, s.tables, **options)
+
+
+class NbApi:
+    """Northbound API: store writes that publish. ``publisher`` None writes without publishing."""
+
+    def __init__(self, store: Store, publisher: Publisher | None = None):
+        self.store = store
+        self.publisher = publisher
+
+    @classmethod
+    def from_settings(cls, settings: Settings, publish: bool = True) -> "NbApi":
+        """Open the configured store and, if ``publish``, a publisher on the configured driver."""
+        store = open_store_from_settings(settings)
+        return cls(store, create_publisher(settings) if publish else None)
+
+    def get(self, table: str, key: str) -> VersionedObject | None:
+        """See :meth:`Store.get`."""
+        return self.store.get(table, key)
+
+    def list(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
+        """See :meth:`Store.list`."""
+        return self.store.list(table, topic)
+
+    def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
+        """Create and publish; raises the store's typed errors (nothing is published then)."""
+        obj = self.store.create(table, key, value, topic)
+        self._publish(Action.CREATE, obj)
+        return obj
+
+    def update(self, table: str, key: str, value: Any, expected_version: int | None = None) -> VersionedObject:
+        """Update and publish. An object's topic is fixed: to move it, delete and create it."""
+        obj = self.store.update(table, key, value, expected_version)
+        self._publish(Action.UPDATE, obj)
+        return obj
+
+    def delete(self, table: str, key: str, expected_version: int | None = None) -> VersionedObject:
+        """Delete and publish (the event carries the deletion's version)."""
+        obj = self.store.delete(table, key, expected_version)
+        self._publish(Action.DELETE, obj)
+        return obj
+
+    def _publish(self, action: Action, obj: VersionedObject) -> None:
+        if self.publisher is not None:
+            self.publisher.publish(obj.topic, obj.table, obj.key, action, obj.version, obj.value)
+
+    def close(self) -> None:
+        """Close the publisher (flush, bye) and the store."""
+        if self.publisher is not None:
+            self.publisher.close()
+        self.store.close()
+
+    def __enter__(self) -> "NbApi":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncNbApi:
+    """:class:`NbApi` for asyncio code; each call runs in a worker thread."""
+
+    def __init__(self, api: NbApi):
+        self.api = api
+
+    async def get(self, table: str, key: str) -> VersionedObject | None:
+        """See :meth:`NbApi.get`."""
+        return await asyncio.to_thread(self.api.get, table, key)
+
+    async def list(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
+        """See :meth:`NbApi.list`."""
+        return await asyncio.to_thread(self.api.list, table, topic)
+
+    async def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
+        """See :meth:`NbApi.create`."""
+        return await asyncio.to_thread(self.api.create, table, key, value, topic)
+
+    async def update(self, table: str, key: str, value: Any, expected_version: int | None = None) -> VersionedObject:
+        """See :meth:`NbApi.update`."""
+        return await asyncio.to_thread(self.api.update, table, key, value, expected_version)
+
+    async def delete(self, table: str, key: str, expected_version: int | None = None) -> VersionedObject:
+        """See :meth:`NbApi.delete`."""
+        return await asyncio.to_thread(self.api.delete, table, key, expected_version)
+
+    async def close(self) -> None:
+        """See :meth:`NbApi.close`."""
+        await asyncio.to_thread(self.api.close)

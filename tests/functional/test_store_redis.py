@@ -1,0 +1,123 @@
+"""Redis-specific behaviour of RedisStore, each test on a redis-server of its own."""
+
+import multiprocessing
+import threading
+import time
+
+import pytest
+import redis
+
+from dfpubsub.errors import StoreUnavailable
+from dfpubsub.store.redis import RedisStore
+
+TABLES = ["port", "network"]
+
+
+@pytest.fixture
+def raw(redis_server):
+    """A plain client on the test's own server, to poke at it behind the store's back."""
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def test_killed_server_is_unavailable_then_the_same_store_recovers(redis_server):
+    store = RedisStore(redis_server.url, TABLES, prefix="kill", timeout=2.0)
+    before = [store.create("port", f"p{i}", {"i": i}) for i in range(5)]
+    redis_server.kill()
+    for call in (lambda: store.get("port", "p0"), lambda: store.create("port", "new", 1), store.list):
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{redis_server.port}"):
+            call()
+        assert time.monotonic() - started < 1.5  # refused at once, not after retries
+    redis_server.start()  # same port and directory: the append-only file is replayed
+    assert store.get("port", "p0") == before[0]
+    assert sorted(o.key for o in store.list("port")) == [f"p{i}" for i in range(5)]
+    after = store.update("port", "p1", "again")
+    assert after.version > before[-1].version  # the counter came back with the data
+    store.close()
+
+
+def test_a_server_that_does_not_answer_times_out_as_unavailable(redis_server, raw):
+    store = RedisStore(redis_server.url, TABLES, prefix="slow", timeout=0.3)
+    store.create("port", "p", 1)
+    raw.execute_command("CLIENT", "PAUSE", "10000", "WRITE")  # writes (and scripts) wait
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="Timeout"):
+            store.create("port", "q", 2)
+        assert time.monotonic() - started < 2.0
+    finally:
+        raw.execute_command("CLIENT", "UNPAUSE")
+    assert store.update("port", "p", 3).value == 3  # the timed-out connection was replaced
+    store.close()
+
+
+def test_flushed_script_cache_does_not_break_writes_or_listing(redis_server, raw):
+    store = RedisStore(redis_server.url, TABLES, prefix="flush")
+    a = store.create("port", "a", 1)
+    assert len(store.list("port")) == 1
+    raw.script_flush()
+    b = store.create("port", "b", 2)
+    raw.script_flush()
+    assert store.update("port", "a", 3, expected_version=a.version).version > b.version
+    raw.script_flush()
+    assert {o.key: o.value for o in store.list("port")} == {"a": 3, "b": 2}
+    raw.script_flush()
+    store.delete("port", "b")
+    assert store.get("port", "b") is None
+    store.close()
+
+
+def test_drop_all_keeps_the_version_counter_and_only_its_prefix(redis_server, raw):
+    wide = RedisStore(redis_server.url, [*TABLES, "extra"], prefix="a*b")
+    store = RedisStore(redis_server.url, TABLES, prefix="a*b")
+    other = RedisStore(redis_server.url, TABLES, prefix="aXb")  # matched by an unescaped "a*b:nb:*"
+    for i in range(1500):  # more than one SCAN/delete chunk
+        store.create("network" if i % 2 else "port", f"k{i}", i, topic=f"t{i % 3}")
+    last = wide.create("extra", "e", "not in store's schema").version
+    kept = other.create("port", "kept", 1)
+    assert store.drop_all() == 1501  # every object under the prefix, declared tables or not
+    assert store.list() == [] and wide.list() == []
+    assert raw.keys("a\\*b:nb:*") == [b"a*b:nb:rev"]
+    assert store.create("port", "k0", "back").version > last  # versions never go back
+    assert other.get("port", "kept") == kept
+    for s in (wide, store, other):
+        s.close()
+
+
+def _child_writes(store: RedisStore, result: "multiprocessing.Queue[int]") -> None:
+    result.put(store.create("port", "from-child", 1).version)
+    store.close()
+
+
+def test_a_forked_child_uses_its_own_connections(redis_server):
+    store = RedisStore(redis_server.url, TABLES, prefix="fork")
+    parent = store.create("port", "from-parent", 1)  # the pool now holds a connection
+    ctx = multiprocessing.get_context("fork")
+    result = ctx.Queue()
+    child = ctx.Process(target=_child_writes, args=(store, result))
+    child.start()
+    version = result.get(timeout=30)
+    child.join(30)
+    assert child.exitcode == 0 and version > parent.version
+    assert store.get("port", "from-child").version == version  # the parent's connection still works
+    store.close()
+
+
+def test_threads_share_one_store(redis_server):
+    store = RedisStore(redis_server.url, TABLES, prefix="threads")
+
+    def work(n: int) -> None:  # an exception here fails the test (PytestUnhandledThreadExceptionWarning)
+        for i in range(50):
+            store.create("port", f"{n}-{i}", i)
+            store.list("port")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    versions = [o.version for o in store.list("port")]
+    assert len(versions) == 200 and len(set(versions)) == 200
+    store.close()
