@@ -9,21 +9,32 @@ pluggable drivers (``memory``, ``zmq``, ...) found through entry points.
 from .api import Driver, PublisherTransport, SubscriberTransport
 from .cache import Change, VersionedCache
 from .config import Settings, load_settings
+from .controller import Controller, TableHandler
 from .errors import (
+    AlreadyExists,
     ClosedError,
     ConfigError,
     DecodeError,
     DfPubSubError,
     DriverNotFound,
     InvalidEvent,
+    InvalidValue,
+    NotFound,
     PayloadTooLarge,
     ProtocolError,
+    StoreError,
+    StoreUnavailable,
     TransportError,
+    UnknownTable,
+    ValueTooLarge,
+    VersionConflict,
 )
 from .events import CONTROL_TOPIC, Action, Bye, Event, EventBatch, Hello, VersionedObject
 from .factory import create_driver, create_publisher, create_subscriber
+from .nbapi import AsyncNbApi, NbApi
 from .publisher import Publisher, PublisherOptions
 from .registry import available_drivers, load_driver
+from .store import AsyncStore, Store, open_store
 from .subscriber import Subscriber, SubscriberOptions
 from .tracker import ResyncRequest, SequenceTracker
 
@@ -31,6 +42,21 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "AlreadyExists",
+    "AsyncNbApi",
+    "AsyncStore",
+    "Controller",
+    "InvalidValue",
+    "NbApi",
+    "NotFound",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "TableHandler",
+    "UnknownTable",
+    "ValueTooLarge",
+    "VersionConflict",
+    "open_store",
     "Bye",
     "CONTROL_TOPIC",
     "Change",

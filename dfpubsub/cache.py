@@ -12,16 +12,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .events import Action, Event, VersionedObject
 
 __all__ = ["VersionedCache", "Change"]
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(NamedTuple):
     """What reconciling the cache with the source of truth changed.
 
     ``previous`` is the object the cache held before (None on create).
@@ -102,18 +100,27 @@ class VersionedCache:
         changes: list[Change] = []
         seen: set[tuple[str, str]] = set()
         now = self._clock()
+        objects, tombstones = self._objects, self._tombstones
+        append = changes.append
         with self._lock:
-            for obj in truth:
-                ident = (obj.table, obj.key)
+            for obj in truth:  # the hot loop of a resync: 100k objects and more
+                topic, table, key, version, value = obj
+                ident = (table, key)
                 seen.add(ident)
-                current = self._version_locked(ident)
-                if obj.version <= current:
-                    continue
-                previous = self._objects.get(ident)
-                action = Action.UPDATE if previous is not None else Action.CREATE
-                self._tombstones.pop(ident, None)
-                self._objects[ident] = obj
-                changes.append(Change(action, obj.topic, obj.table, obj.key, obj.version, obj.value, previous))
+                previous = objects.get(ident)
+                if previous is not None:
+                    if version <= previous.version:
+                        continue
+                    append(Change(Action.UPDATE, topic, table, key, version, value, previous))
+                else:
+                    if tombstones:
+                        tomb = tombstones.get(ident)
+                        if tomb is not None:
+                            if version <= tomb[0]:
+                                continue
+                            del tombstones[ident]
+                    append(Change(Action.CREATE, topic, table, key, version, value, None))
+                objects[ident] = obj
             for ident, obj in list(self._objects.items()):
                 if obj.topic in topics and ident not in seen:
                     del self._objects[ident]

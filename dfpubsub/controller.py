@@ -129,7 +129,10 @@ class Controller:
     def _on_resync(self, topics: set[str]) -> None:
         truth = self.store.list_topics(topics)
         changes = self.cache.reconcile(topics, truth)
+        handlers = self.handlers
         for ch in changes:
+            if ch.table not in handlers:
+                continue
             obj = VersionedObject(ch.topic, ch.table, ch.key, ch.version, ch.value)
             if ch.action is Action.DELETE:
                 self._dispatch(Action.DELETE, ch.previous or obj, None)

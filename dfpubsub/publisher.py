@@ -99,6 +99,9 @@ class Publisher:
         self._closed = False
         #: Earliest linger deadline of the pending batches (may be early, never late).
         self._due = float("inf")
+        #: The background thread sleeps long (nothing pending lately) and must be woken.
+        self._ticker_asleep = True
+        self._last_batch = float("-inf")
         now = time.monotonic()
         self._last_hello = now
         self._last_send = now
@@ -165,14 +168,18 @@ class Publisher:
             now = time.monotonic()
             if batch is None:
                 batch = self._batches[topic] = _Batch(seq, now + self.options.batch_linger)
-                if len(self._batches) == 1:
+                if batch.deadline < self._due:
                     self._due = batch.deadline
-                    self._cond.notify()
             events = batch.events
             events.append(packed)
             batch.size += size
             if len(events) >= self._max_events:
                 self._flush_topic(topic)
+            elif self._ticker_asleep:
+                # Waking a thread costs a GIL hand-off: only the first batch after a
+                # quiet spell does; while batches keep coming the thread polls.
+                self._ticker_asleep = False
+                self._cond.notify()
             if now >= self._due:
                 # A busy caller holds the GIL for whole switch intervals (5 ms): flush
                 # what lingered long enough here rather than wait for the thread.
@@ -312,4 +319,11 @@ class Publisher:
                         self._send_hello("idle")
                         due = self._idle_hello_due(now)
                     wake = min(wake, due)
+                if self._batches:
+                    self._last_batch = now
+                if now - self._last_batch < _WELCOME_POLL:
+                    # Busy: poll every linger, so publish() need not wake this thread.
+                    wake = min(wake, now + self.options.batch_linger)
+                else:
+                    self._ticker_asleep = True
                 self._cond.wait(max(0.0, wake - time.monotonic()))

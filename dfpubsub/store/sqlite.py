@@ -34,6 +34,12 @@ CREATE TABLE IF NOT EXISTS nb_meta (name TEXT PRIMARY KEY, value INTEGER NOT NUL
 INSERT OR IGNORE INTO nb_meta VALUES ('revision', 0);
 """
 _NEXT_VERSION = "UPDATE nb_meta SET value = value + 1 WHERE name = 'revision' RETURNING value"
+# Conditions are appended, not written as "(? IS NULL OR version = ?)": an OR there
+# keeps SQLite from using the primary key, and every write would scan the table.
+# Nor is the topic set when it does not change: that would rewrite its index entry too.
+_UPDATE = "UPDATE nb_objects SET version = ?, value = ? WHERE tbl = ? AND key = ?"
+_UPDATE_TOPIC = "UPDATE nb_objects SET topic = ?, version = ?, value = ? WHERE tbl = ? AND key = ?"
+_DELETE = "DELETE FROM nb_objects WHERE tbl = ? AND key = ?"
 
 
 class SqliteStore(Store):
@@ -152,11 +158,11 @@ class SqliteStore(Store):
     ) -> VersionedObject:
         def run(conn: sqlite3.Connection) -> VersionedObject:
             (version,) = conn.execute(_NEXT_VERSION).fetchone()
-            row = conn.execute(
-                "UPDATE nb_objects SET topic = COALESCE(?, topic), version = ?, value = ? "
-                "WHERE tbl = ? AND key = ? AND (? IS NULL OR version = ?) RETURNING topic",
-                (topic, version, blob, table, key, expected, expected),
-            ).fetchone()
+            sql, args = (_UPDATE, (version, blob, table, key)) if topic is None else (
+                _UPDATE_TOPIC, (topic, version, blob, table, key))
+            if expected is not None:
+                sql, args = sql + " AND version = ?", (*args, expected)
+            row = conn.execute(sql + " RETURNING topic", args).fetchone()
             if row is None:
                 raise self._refusal(conn, table, key, expected)
             return VersionedObject(row[0], table, key, version, value)
@@ -167,8 +173,8 @@ class SqliteStore(Store):
         def run(conn: sqlite3.Connection) -> VersionedObject:
             (version,) = conn.execute(_NEXT_VERSION).fetchone()
             row = conn.execute(
-                "DELETE FROM nb_objects WHERE tbl = ? AND key = ? AND (? IS NULL OR version = ?) RETURNING topic",
-                (table, key, expected, expected),
+                _DELETE + (" RETURNING topic" if expected is None else " AND version = ? RETURNING topic"),
+                (table, key) if expected is None else (table, key, expected),
             ).fetchone()
             if row is None:
                 raise self._refusal(conn, table, key, expected)

@@ -1,0 +1,80 @@
+"""df-controller as operators run it: a subprocess, JSON logs, SIGTERM."""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+from dfpubsub import AsyncNbApi, NbApi, Publisher, PublisherOptions, load_driver, open_store
+from dfpubsub.metrics import Stats
+from tests.conftest import free_port, wait_for
+
+
+def test_df_controller_logs_changes_and_stops_on_sigterm(tmp_path):
+    db = f"sqlite://{tmp_path}/nb.sqlite"
+    port = free_port()
+    store = open_store(db, ["port", "network"])
+    store.create("port", "existing", {"n": 0})
+    stats = Stats("p", "p")
+    pub = Publisher(load_driver(f"zmq+tcp://127.0.0.1:{port}").publisher(stats), "api",
+                    PublisherOptions(batch_linger=0), stats)
+    exe = shutil.which("df-controller", path=os.path.dirname(sys.executable))
+    proc = subprocess.Popen(
+        [exe, "--store.url", db, "--store.tables", "port,network", "--pubsub.driver", f"zmq+tcp://127.0.0.1:{port}",
+         "--log.format", "json", "--controller.name", "ctl-test"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        def logged(msg, key=None):
+            for line in list(lines):
+                rec = json.loads(line)
+                if rec["msg"] == msg and (key is None or rec.get("key") == key):
+                    return rec
+            return None
+
+        wait_for(lambda: logged("create", "existing"), what="the initial sync to log the existing object")
+        wait_for(lambda: pub.stats.get("subscribers_joined") >= 1, what="df-controller to subscribe")
+        api = NbApi(store, pub)
+        api.create("port", "p1", {"n": 1})
+        api.update("port", "p1", {"n": 2})
+        api.delete("port", "existing")
+        wait_for(lambda: logged("delete", "existing") and logged("update", "p1"), what="the events to be logged")
+        assert logged("controller starting")["store"] == "sqlite"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        reader.join(timeout=5)
+        assert logged("controller stopping")
+    finally:
+        proc.kill()
+        pub.close()
+        store.close()
+
+
+def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path):
+    exe = shutil.which("df-controller", path=os.path.dirname(sys.executable))
+    out = subprocess.run([exe, "--pubsub.max-idle-time", "-3"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "pubsub.max_idle_time" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_async_nbapi(tmp_path):
+    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", ["port"])
+
+    async def scenario():
+        api = AsyncNbApi(NbApi(store))
+        a = await api.create("port", "p", {"v": 1})
+        b = await api.update("port", "p", {"v": 2}, expected_version=a.version)
+        assert (await api.get("port", "p")).value == {"v": 2}
+        assert [o.key for o in await api.list("port")] == ["p"]
+        d = await api.delete("port", "p")
+        assert d.version > b.version > a.version
+        await api.close()
+
+    asyncio.run(scenario())
