@@ -165,8 +165,12 @@ class Publisher:
             if batch is not None and batch.size + size > header.limit:
                 self._flush_topic(topic)
                 batch = None
-            now = time.monotonic()
             if batch is None:
+                now = time.monotonic()
+                if now >= self._due:
+                    # A busy caller holds the GIL for whole switch intervals (5 ms): flush
+                    # what lingered long enough here rather than wait for the thread.
+                    self._flush_due(now)
                 batch = self._batches[topic] = _Batch(seq, now + self.options.batch_linger)
                 if batch.deadline < self._due:
                     self._due = batch.deadline
@@ -180,10 +184,6 @@ class Publisher:
                 # quiet spell does; while batches keep coming the thread polls.
                 self._ticker_asleep = False
                 self._cond.notify()
-            if now >= self._due:
-                # A busy caller holds the GIL for whole switch intervals (5 ms): flush
-                # what lingered long enough here rather than wait for the thread.
-                self._flush_due(now)
         return seq
 
     def publish_event(self, event: Event) -> int:

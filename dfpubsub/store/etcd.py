@@ -1,35 +1,48 @@
-"""etcd store (``etcd://host:port[,host:port...]``) through aetcd.
+"""etcd store (``etcd://host:port[,host:port...]``) over gRPC, with aetcd's messages and stubs.
 
-Why an event loop in a thread: aetcd (gRPC's asyncio API) is asyncio-only,
-while the :class:`~dfpubsub.store.api.Store` contract is synchronous and
-thread-safe, because its callers are forked web workers and plain threads
-that have no loop of their own. Each store therefore owns a private loop in a
-daemon thread; a call submits a coroutine to it and waits for the result.
-Both the loop and the gRPC channel are created on first use; they are closed
-just before ``os.fork()`` (gRPC does not survive a fork with its threads
-active) and reopened on the next call, in the parent and in the child. A
-channel that failed is dropped, so the next call reconnects: a restarted etcd
-is picked up by the same store object.
+Calls use gRPC's synchronous API on the caller's own thread. aetcd's client is
+asyncio-only, and running it on a private loop in a daemon thread (as this
+module once did) cost each call two thread wake-ups, about 0.2 ms: a quarter of
+an etcd write on loopback. A synchronous channel is thread-safe and needs no
+loop, so only aetcd's generated stubs and protobuf messages are used. The
+channel is created on first use; it is closed just before ``os.fork()``, once
+the calls in flight have ended (gRPC does not survive a fork with a call
+inside it), and reopened on the next call, in the parent and in the child. A
+channel that failed is closed, so the next call reconnects (to the next
+endpoint): a restarted etcd is picked up by the same store object.
 
-Layout: ``/{prefix}/nb/{table}/{key}`` holds msgpack ``[topic, value blob]``.
-An object's version is its ``mod_revision``, i.e. etcd's store-wide revision
-of its last write; a deletion's version is the revision of the delete. Every
-write is one transaction that compares the revision it expects.
+Layout:
+
+- ``/{prefix}/nb/{table}/{key}`` holds the value, msgpack-encoded by the base
+  class. An object's version is this key's ``mod_revision``, i.e. etcd's
+  store-wide revision of its last write; a deletion's version is the revision
+  of the delete (the header revision of the write's transaction).
+- ``/{prefix}/nbtopic/{table}/{key}`` holds the topic (UTF-8), and exists only
+  for objects whose topic is not their table's name.
+
+Why the topic is a sibling key: every write must return the object's topic
+(it is what gets published), yet update and delete are not told it. Inside
+the value it would have to be read before the value could be rewritten: two
+round trips. As a sibling key it is read *in* the write's transaction, so
+every write is one ``Txn``: compare that the object exists (or not, for a
+create) and, if asked, its ``mod_revision``; on success write the value and
+read, write or delete the topic key; on failure read the object's revision,
+which tells NotFound from VersionConflict. Why only for other topics: most
+objects take their table's name as topic; for them the topic range is empty,
+so a listing, which reads the object range and the topic range at one
+revision, costs one range read as before, and the object range holds objects
+only.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn, TypeVar
 
-import aetcd
 import grpc
-import msgpack
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
@@ -42,21 +55,22 @@ __all__ = ["EtcdStore"]
 T = TypeVar("T")
 _MAX_MESSAGE_BYTES = 64 << 20  # gRPC's default of 4 MiB would cap a page of a listing
 _PAGE_KEYS = 5000
-_CHANNEL_OPTIONS = {
-    "grpc.max_receive_message_length": _MAX_MESSAGE_BYTES,
-    "grpc.max_send_message_length": _MAX_MESSAGE_BYTES,
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     # Retry a lost server quickly rather than with gRPC's backoff of up to two minutes.
-    "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
-    "grpc.max_reconnect_backoff_ms": 1000,
-}
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 # The server is gone or slow: the channel is dropped and the caller told StoreUnavailable.
 _UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
 # gRPC cannot fork while a thread is inside it (the child crashes or hangs), so every store of
-# this process closes its channel and loop just before a fork, holding its lock until the fork
-# is done; both sides then reopen them lazily.
+# this process closes its channel just before a fork, waits for its calls to end and holds its
+# lock until the fork is done; both sides then reopen the channel lazily. (gRPC's own threads
+# can still, rarely, hang a child forked while other threads were mid-call: fork before them.)
 _STORES: weakref.WeakSet[EtcdStore] = weakref.WeakSet()
 _FORKING: list[EtcdStore] = []
 
@@ -88,6 +102,10 @@ def _parse_endpoints(url: str) -> list[tuple[str, int]]:
     return endpoints
 
 
+def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    return exc.code() if isinstance(exc, grpc.Call) else None
+
+
 def _kv_op(req: Any) -> rpc.RequestOp:
     if isinstance(req, rpc.PutRequest):
         return rpc.RequestOp(request_put=req)
@@ -96,29 +114,46 @@ def _kv_op(req: Any) -> rpc.RequestOp:
     return rpc.RequestOp(request_range=req)
 
 
-def _created(key: bytes, result: int) -> rpc.Compare:
-    """Compare the key's create_revision with 0: EQUAL means absent, GREATER present."""
-    return rpc.Compare(key=key, target=rpc.Compare.CREATE, result=result, create_revision=0)
+def _txn(compare: list[rpc.Compare], success: list[Any], failure: list[Any] | None = None) -> rpc.TxnRequest:
+    return rpc.TxnRequest(compare=compare, success=[_kv_op(r) for r in success],
+                          failure=[_kv_op(r) for r in failure or ()])
 
 
-def _mod_is(key: bytes, revision: int) -> rpc.Compare:
-    return rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision)
+def _exists(key: bytes, expected: int | None = None) -> list[rpc.Compare]:
+    """The key exists (create_revision > 0) and, if given, was last written at ``expected``."""
+    compare = [rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.GREATER, create_revision=0)]
+    if expected is not None:
+        compare.append(rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=expected))
+    return compare
 
 
-async def _answers(channel: grpc.aio.Channel) -> bool:
-    """Connect; False as soon as the connection fails (refused, unreachable)."""
-    state = channel.get_state(try_to_connect=True)
-    while state != grpc.ChannelConnectivity.READY:
-        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            return False
-        await channel.wait_for_state_change(state)
-        state = channel.get_state(try_to_connect=True)
-    return True
+def _topic_of(kvs: Any, table: str) -> str:
+    """The topic in a read (or deleted) topic key: the table's name if there is none."""
+    return kvs[0].value.decode() if kvs else table
 
 
-def _head(kvs: Any) -> tuple[str, int] | None:
-    """(topic, mod_revision) of the first of ``kvs``, or None."""
-    return (msgpack.unpackb(kvs[0].value)[0], kvs[0].mod_revision) if kvs else None
+def _set_topic(table: str, topic_path: bytes, topic: str) -> Any:
+    """The request that stores ``topic``: no topic key for the table's own name."""
+    if topic == table:
+        return rpc.DeleteRangeRequest(key=topic_path)
+    return rpc.PutRequest(key=topic_path, value=topic.encode())
+
+
+def _answers(channel: grpc.Channel, timeout: float) -> bool:
+    """Connect; False as soon as the connection fails (refused, unreachable), or after ``timeout``."""
+    done = threading.Event()
+    ready: list[bool] = []
+
+    def seen(state: grpc.ChannelConnectivity) -> None:
+        if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+            ready.append(state == grpc.ChannelConnectivity.READY)
+            done.set()
+
+    channel.subscribe(seen, try_to_connect=True)
+    try:
+        return done.wait(timeout) and ready[0]
+    finally:
+        channel.unsubscribe(seen)
 
 
 class EtcdStore(Store):
@@ -141,209 +176,176 @@ class EtcdStore(Store):
         self._endpoints = _parse_endpoints(url)
         self._endpoint = 0  # index of the endpoint in use; moves on after a failure
         self._root = f"/{prefix}/nb/".encode()
-        self._lock = threading.Lock()
+        self._topic_root = f"/{prefix}/nbtopic/".encode()
+        self._lock = threading.Condition(threading.Lock())  # guards the fields below
         self._pid = -1
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._client: aetcd.Client | None = None  # touched only on the loop's thread
-        self._connecting: asyncio.Lock | None = None  # ditto
-        self._orphans: list[object] = []  # a forked child's copies of the parent's loop: never closed
+        self._channel: grpc.Channel | None = None
+        self._kv: Any = None  # rpc.KVStub of _channel
+        self._calls = 0  # calls in flight, on any channel
+        self._draining = False  # close() waits for the calls in flight: new ones wait too
+        self._orphans: list[object] = []  # a forked child's copies of the parent's channel: never closed
         _STORES.add(self)
 
     # -- plumbing ------------------------------------------------------------------------
 
-    def _loop_locked(self) -> asyncio.AbstractEventLoop:
-        if self._loop is not None and self._pid == os.getpid():
-            return self._loop
-        if self._loop is not None:  # forked without our hook: the parent's loop thread is not here
-            self._orphans.append((self._loop, self._thread, self._client))
-            self._client = None
-        loop = asyncio.new_event_loop()
-        self._connecting = asyncio.Lock()
-        thread = threading.Thread(target=loop.run_forever, name=f"dfpubsub-etcd-{self.prefix}", daemon=True)
-        thread.start()
-        self._loop, self._thread, self._pid = loop, thread, os.getpid()
-        return loop
+    def _call(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(kv_stub)``; gRPC failures become StoreUnavailable / StoreError.
 
-    def _run(self, fn: Callable[[aetcd.Client], Coroutine[Any, Any, T]], bounded: bool = True) -> T:
-        """Run ``fn(client)`` on the loop; gRPC failures become StoreUnavailable / StoreError.
-
-        Every RPC has a deadline of ``timeout``; the wait here is a backstop, and
-        is left out for listings, whose page count is unknown.
+        ``fn`` makes RPCs only, each with a deadline of ``timeout``.
         """
-        coro = self._guarded(fn)
-        with self._lock:  # so that close() cannot stop the loop before it has the task to cancel
-            future = asyncio.run_coroutine_threadsafe(coro, self._loop_locked())
+        with self._lock:
+            if self._pid != os.getpid():  # first call, or forked without our hook: the parent's calls
+                if self._channel is not None:  # and channel are not ours
+                    self._orphans.append(self._channel)
+                self._channel, self._calls, self._draining, self._pid = None, 0, False, os.getpid()
+            self._lock.wait_for(lambda: not self._draining)
+            if self._channel is None:
+                self._channel = self._open()
+                self._kv = rpc.KVStub(self._channel)
+            channel, kv = self._channel, self._kv
+            self._calls += 1
+        error: StoreError
         try:
-            return future.result(2 * self.timeout + 1 if bounded else None)
-        except concurrent.futures.TimeoutError as exc:
-            future.cancel()
-            raise StoreUnavailable(f"etcd at {self._where()} did not answer within {self.timeout}s") from exc
-        except concurrent.futures.CancelledError as exc:
-            raise StoreUnavailable(f"etcd store {self.url} was closed (or the process forked) during the call") from exc
+            try:
+                return fn(kv)
+            except grpc.RpcError as exc:
+                error = self._error(channel, exc)
+            except ValueError:  # gRPC refuses a call on a channel that close() or a failure closed
+                error = StoreUnavailable(f"etcd store {self.url} was closed (or the process forked) during the call")
+            # Not chained to gRPC's error, and without our references: gRPC's call and channel are
+            # freed here, before the call counts as ended, so that no thread is inside gRPC at a fork.
+            del channel, kv
+        finally:
+            with self._lock:
+                self._calls -= 1
+                if not self._calls:
+                    self._lock.notify_all()
+        raise error
 
-    async def _guarded(self, fn: Callable[[aetcd.Client], Coroutine[Any, Any, T]]) -> T:
-        client = await self._connect()
-        try:
-            return await fn(client)
-        except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-            details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                details = f"no answer within {self.timeout}s"
-            if code is None or code in _UNAVAILABLE:
-                raise await self._failed(client, details) from exc
-            raise StoreError(f"etcd at {self._where()} refused the request: {code.name}: {details}") from exc
-        except aetcd.ClientError as exc:
-            raise await self._failed(client, str(exc)) from exc
-
-    async def _failed(self, client: aetcd.Client, details: str) -> StoreUnavailable:
-        """Drop the failed channel (unless another call already replaced it); try the next endpoint next."""
+    def _error(self, channel: grpc.Channel, exc: grpc.RpcError) -> StoreError:
+        """What a failed RPC means. A lost or slow server: the channel is closed (unless another call
+        already did so) and the next call connects to the next endpoint."""
+        code = _code(exc)
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         where = self._where()
-        if client is self._client:
-            await self._disconnect()
-            self._endpoint = (self._endpoint + 1) % len(self._endpoints)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            details = f"no answer within {self.timeout}s"
+        if code is not None and code not in _UNAVAILABLE:
+            return StoreError(f"etcd at {where} refused the request: {code.name}: {details}")
+        with self._lock:
+            if channel is self._channel:
+                self._channel = self._kv = None
+                channel.close()
+                self._endpoint = (self._endpoint + 1) % len(self._endpoints)
         return StoreUnavailable(f"etcd at {where} is unavailable: {details}")
 
     def _where(self) -> str:
         host, port = self._endpoints[self._endpoint]
         return f"{host}:{port}"
 
-    async def _connect(self) -> aetcd.Client:
-        if self._client is not None:
-            return self._client
-        assert self._connecting is not None
-        async with self._connecting:
-            if self._client is None:
-                self._client = await self._open()
-            return self._client
-
-    async def _open(self) -> aetcd.Client:
-        first = self._endpoint
-        for i in range(len(self._endpoints)):
-            self._endpoint = (first + i) % len(self._endpoints)
-            host, port = self._endpoints[self._endpoint]
-            client = aetcd.Client(host, port, timeout=self.timeout, options=dict(_CHANNEL_OPTIONS))
-            await client.connect()  # creates the channel; gRPC connects on the first call
-            if len(self._endpoints) == 1:
-                return client
-            try:  # several endpoints: take the first that answers
-                if await asyncio.wait_for(_answers(client.channel), self.timeout / len(self._endpoints)):
-                    return client
-            except asyncio.TimeoutError:
-                pass
-            await client.close()
+    def _open(self) -> grpc.Channel:
+        first, n = self._endpoint, len(self._endpoints)
+        for i in range(n):
+            self._endpoint = (first + i) % n
+            channel = grpc.insecure_channel(self._where(), options=_CHANNEL_OPTIONS)
+            if n == 1 or _answers(channel, self.timeout / n):  # several: take the first that answers
+                return channel  # one: gRPC connects on the first call
+            channel.close()
         raise StoreUnavailable(f"none of the etcd endpoints of {self.url} answered")
-
-    async def _disconnect(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                await client.close()
-            except (grpc.RpcError, aetcd.ClientError):
-                pass  # the channel is being thrown away
 
     def close(self) -> None:
         with self._lock:
             self._close_locked()
 
     def _close_locked(self) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is None:
+        """Close the channel and wait (up to ``timeout``) for the calls in flight, which it cancels."""
+        channel, self._channel, self._kv = self._channel, None, None
+        if channel is None:
             return
-        if self._pid != os.getpid():  # the parent's: its thread does not exist here
-            self._orphans.append((loop, thread, self._client))
-            self._client = None
+        if self._pid != os.getpid():  # the parent's: its calls do not exist here
+            self._orphans.append(channel)
             return
-
-        async def shutdown() -> None:  # callers still waiting get StoreUnavailable
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-            await self._disconnect()
-
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(self.timeout)
-        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-            pass  # closing anyway
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not None:
-            thread.join(self.timeout)
-        if not loop.is_running():
-            loop.close()
+        channel.close()  # callers still waiting get StoreUnavailable
+        self._draining = True
+        self._lock.wait_for(lambda: not self._calls, self.timeout)
+        self._draining = False
+        self._lock.notify_all()
 
     # -- etcd operations ----------------------------------------------------------------
 
-    def _path(self, table: str, key: str) -> bytes:
-        return self._root + f"{table}/{key}".encode()
+    def _paths(self, table: str, key: str) -> tuple[bytes, bytes]:
+        """The object's value key and topic key."""
+        name = f"{table}/{key}".encode()
+        return self._root + name, self._topic_root + name
 
-    async def _txn(self, client: aetcd.Client, compare: list[Any], success: list[Any], failure: list[Any]) -> Any:
-        request = rpc.TxnRequest(compare=compare, success=[_kv_op(r) for r in success],
-                                 failure=[_kv_op(r) for r in failure])
-        return await client.kvstub.Txn(request, timeout=self.timeout, metadata=client.metadata)
-
-    async def _range(self, client: aetcd.Client, request: rpc.RangeRequest) -> Any:
-        return await client.kvstub.Range(request, timeout=self.timeout, metadata=client.metadata)
+    def _commit(self, request: rpc.TxnRequest) -> Any:
+        return self._call(lambda kv: kv.Txn(request, timeout=self.timeout))
 
     def _get(self, table: str, key: str) -> VersionedObject | None:
-        async def run(client: aetcd.Client) -> Any:
-            return await self._range(client, rpc.RangeRequest(key=self._path(table, key)))
-
-        kvs = self._run(run).kvs
+        path, topic_path = self._paths(table, key)
+        response = self._commit(_txn([], [rpc.RangeRequest(key=path), rpc.RangeRequest(key=topic_path)]))
+        kvs = response.responses[0].response_range.kvs
         if not kvs:
             return None
-        topic, blob = msgpack.unpackb(kvs[0].value)
-        return VersionedObject(topic, table, key, kvs[0].mod_revision, decode_value(blob))
+        topic = _topic_of(response.responses[1].response_range.kvs, table)
+        return VersionedObject(topic, table, key, kvs[0].mod_revision, decode_value(kvs[0].value))
+
+    def _scan(self, kv: Any, start: bytes, revision: int) -> tuple[list[Any], int]:
+        """Pages of the keys under ``start`` at ``revision`` (0: now), and the revision read."""
+        pages: list[Any] = []
+        key, end, limit = start, prefix_range_end(start), _PAGE_KEYS
+        while True:
+            request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision)
+            try:
+                page = kv.Range(request, timeout=self.timeout)
+            except grpc.RpcError as exc:
+                if _code(exc) != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
+                    raise
+                limit //= 2  # a page above the message limit: smaller pages
+                continue
+            revision = revision or page.header.revision  # every page from the same snapshot
+            pages.append(page.kvs)
+            if not page.more or not page.kvs:
+                return pages, revision
+            key = page.kvs[-1].key + b"\x00"
 
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
         if topics is not None and not topics:
             return []
-        start = self._root + (f"{table}/".encode() if table is not None else b"")
-        end = prefix_range_end(start)
+        under = f"{table}/".encode() if table is not None else b""
 
-        async def run(client: aetcd.Client) -> list[Any]:
-            pages: list[Any] = []
-            key, revision, limit = start, 0, _PAGE_KEYS
+        def run(kv: Any) -> tuple[list[Any], list[Any]]:
+            attempts = 0
             while True:
-                request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision)
-                try:
-                    page = await self._range(client, request)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and limit > 1:
-                        limit //= 2  # a page above the message limit: smaller pages
-                    elif exc.code() == grpc.StatusCode.OUT_OF_RANGE and revision:
-                        pages, key, revision = [], start, 0  # snapshot compacted away: start over
-                    else:
+                try:  # the objects, then their topics at the same revision
+                    pages, revision = self._scan(kv, self._root + under, 0)
+                    return pages, self._scan(kv, self._topic_root + under, revision)[0]
+                except grpc.RpcError as exc:  # the snapshot was compacted away: start over
+                    attempts += 1
+                    if _code(exc) != grpc.StatusCode.OUT_OF_RANGE or attempts == 3:
                         raise
-                    continue
-                revision = revision or page.header.revision  # every page from the same snapshot
-                pages.append(page.kvs)
-                if not page.more or not page.kvs:
-                    return pages
-                key = page.kvs[-1].key + b"\x00"
 
-        pages = self._run(run, bounded=False)
+        pages, topic_pages = self._call(run)
+        skip = len(self._topic_root)
+        named = {kv.key[skip:]: kv.value.decode() for kvs in topic_pages for kv in kvs}
         out: list[VersionedObject] = []
-        skip, tables, unpack = len(self._root), self.tables, msgpack.unpackb
+        skip, tables = len(self._root), self.tables
         for kvs in pages:
             for kv in kvs:
-                tbl, _, key = kv.key[skip:].decode().partition("/")
+                name = kv.key[skip:]
+                tbl, _, key = name.decode().partition("/")
                 if tbl not in tables:
                     continue
-                topic, blob = unpack(kv.value)
+                topic = named.get(name, tbl) if named else tbl
                 if topics is None or topic in topics:
-                    out.append(VersionedObject(topic, tbl, key, kv.mod_revision, decode_value(blob)))
+                    out.append(VersionedObject(topic, tbl, key, kv.mod_revision, decode_value(kv.value)))
         return out
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
-        path = self._path(table, key)
-
-        async def run(client: aetcd.Client) -> Any:
-            return await self._txn(client, [_created(path, rpc.Compare.EQUAL)],
-                                   [rpc.PutRequest(key=path, value=msgpack.packb([topic, blob]))], [])
-
-        response = self._run(run)
+        path, topic_path = self._paths(table, key)
+        absent = rpc.Compare(key=path, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
+        response = self._commit(_txn([absent], [rpc.PutRequest(key=path, value=blob),
+                                                _set_topic(table, topic_path, topic)]))
         if not response.succeeded:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, response.header.revision, value)
@@ -351,61 +353,38 @@ class EtcdStore(Store):
     def _update(
         self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
     ) -> VersionedObject:
-        path = self._path(table, key)
-
-        async def run(client: aetcd.Client) -> tuple[str, int]:
-            # The stored value holds the topic: without a new topic, read the current one and
-            # write only if the object did not change meanwhile.
-            new_topic, want, current = topic, expected, None
-            if topic is None:
-                current = _head((await self._range(client, rpc.RangeRequest(key=path))).kvs)
-            while True:
-                if topic is None:
-                    if current is None:
-                        raise NotFound(f"{table}/{key} does not exist")
-                    if expected is not None and current[1] != expected:
-                        raise VersionConflict(table, key, expected, current[1])
-                    new_topic, want = current
-                compare = [_created(path, rpc.Compare.GREATER)]
-                if want is not None:
-                    compare.append(_mod_is(path, want))
-                put = rpc.PutRequest(key=path, value=msgpack.packb([new_topic, blob]))
-                response = await self._txn(client, compare, [put], [rpc.RangeRequest(key=path)])
-                if response.succeeded:
-                    return str(new_topic), response.header.revision
-                current = _head(response.responses[0].response_range.kvs)
-                if current is None:
-                    raise NotFound(f"{table}/{key} does not exist")
-                if expected is not None:
-                    raise VersionConflict(table, key, expected, current[1])
-                # No version expected, but it changed since its topic was read: retry on what we got.
-
-        new_topic, version = self._run(run)
-        return VersionedObject(new_topic, table, key, version, value)
+        path, topic_path = self._paths(table, key)
+        # Without a new topic, the current one is read in the same transaction.
+        topic_op = rpc.RangeRequest(key=topic_path) if topic is None else _set_topic(table, topic_path, topic)
+        response = self._commit(_txn(_exists(path, expected), [rpc.PutRequest(key=path, value=blob), topic_op],
+                                     [rpc.RangeRequest(key=path, keys_only=True)]))
+        if not response.succeeded:
+            self._refused(table, key, expected, response)
+        if topic is None:
+            topic = _topic_of(response.responses[1].response_range.kvs, table)
+        return VersionedObject(topic, table, key, response.header.revision, value)
 
     def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject:
-        path = self._path(table, key)
-        compare = [_created(path, rpc.Compare.GREATER)]
-        if expected is not None:
-            compare.append(_mod_is(path, expected))
-
-        async def run(client: aetcd.Client) -> Any:
-            return await self._txn(client, compare, [rpc.DeleteRangeRequest(key=path, prev_kv=True)],
-                                   [rpc.RangeRequest(key=path)])
-
-        response = self._run(run)
+        path, topic_path = self._paths(table, key)
+        response = self._commit(_txn(
+            _exists(path, expected),
+            [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True)],
+            [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
-            current = _head(response.responses[0].response_range.kvs)
-            if current is None:
-                raise NotFound(f"{table}/{key} does not exist")
-            raise VersionConflict(table, key, expected or 0, current[1])
-        prev = response.responses[0].response_delete_range.prev_kvs  # exists: compared in the txn
-        return VersionedObject(msgpack.unpackb(prev[0].value)[0], table, key, response.header.revision, None)
+            self._refused(table, key, expected, response)
+        topic = _topic_of(response.responses[1].response_delete_range.prev_kvs, table)
+        return VersionedObject(topic, table, key, response.header.revision, None)
+
+    @staticmethod
+    def _refused(table: str, key: str, expected: int | None, response: Any) -> NoReturn:
+        """Raise why a write compared false, from its failure branch's read of the object."""
+        kvs = response.responses[0].response_range.kvs
+        if not kvs or expected is None:
+            raise NotFound(f"{table}/{key} does not exist")
+        raise VersionConflict(table, key, expected, kvs[0].mod_revision)
 
     def _drop_all(self) -> int:
-        async def run(client: aetcd.Client) -> int:
-            request = rpc.DeleteRangeRequest(key=self._root, range_end=prefix_range_end(self._root))
-            response = await client.kvstub.DeleteRange(request, timeout=self.timeout, metadata=client.metadata)
-            return int(response.deleted)
-
-        return self._run(run)
+        response = self._commit(_txn([], [
+            rpc.DeleteRangeRequest(key=root, range_end=prefix_range_end(root))
+            for root in (self._root, self._topic_root)]))
+        return int(response.responses[0].response_delete_range.deleted)

@@ -1,12 +1,13 @@
-"""etcd-specific behaviour of the store: a lost server, large listings, pagination."""
+"""etcd-specific behaviour of the store: a lost server, large listings, pagination, round trips."""
 
 import os
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dfpubsub.errors import ConfigError, StoreUnavailable
+from dfpubsub.errors import ConfigError, NotFound, StoreUnavailable, VersionConflict
 from dfpubsub.store import open_store
 from dfpubsub.store.etcd import EtcdStore
 from dfpubsub.tools.servers import free_port
@@ -113,3 +114,54 @@ def test_forked_child_gets_its_own_connection(store):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.get("port", "child").value == 2  # the parent's store still works too
+
+
+def _kv_rpcs(server) -> int:
+    """How many KV RPCs (Range, Put, DeleteRange, Txn, Compact) etcd has handled, from its own metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in lines
+               if line.startswith("grpc_server_handled_total{") and 'grpc_service="etcdserverpb.KV"' in line)
+
+
+def test_every_read_and_write_of_one_object_is_one_round_trip(etcd_server, store):
+    p = store.create("port", "p", 1, topic="tenant-a")  # also connects
+    q = store.create("port", "q", 1)
+
+    def round_trips(call):
+        before = _kv_rpcs(etcd_server)
+        try:
+            result = call()
+        except (NotFound, VersionConflict) as exc:
+            result = exc
+        return result, _kv_rpcs(etcd_server) - before
+
+    calls = {
+        "update keeps a topic": (lambda: store.update("port", "p", 2).topic, "tenant-a"),
+        "update keeps the default topic": (lambda: store.update("port", "q", 2).topic, "port"),
+        "update with a version": (lambda: store.update("port", "q", 3, expected_version=q.version), VersionConflict),
+        "update of a missing object": (lambda: store.update("port", "nope", 1), NotFound),
+        "update with a new topic": (lambda: store.update("port", "q", 4, topic="tenant-b").topic, "tenant-b"),
+        "get": (lambda: store.get("port", "q").topic, "tenant-b"),
+        "delete with a version": (lambda: store.delete("port", "p", expected_version=p.version), VersionConflict),
+        "delete": (lambda: store.delete("port", "p").topic, "tenant-a"),
+        "delete of a missing object": (lambda: store.delete("port", "p"), NotFound),
+        "create": (lambda: store.create("port", "p", 5).topic, "port"),  # the old topic went with the object
+    }
+    for what, (call, expected) in calls.items():
+        result, n = round_trips(call)
+        assert n == 1, f"{what}: {n} round trips"
+        assert (type(result) if isinstance(result, Exception) else result) == expected, what
+
+
+def test_topics_back_to_the_tables_name_and_across_re_creates(store):
+    store.create("port", "p", 1, topic="tenant-a")
+    store.create("network", "n", 1, topic="tenant-a")
+    assert store.update("port", "p", 2, topic="port").topic == "port"  # back to the default
+    assert store.update("port", "p", 3).topic == "port"
+    assert [o.key for o in store.list_topics(["tenant-a"])] == ["n"]
+    assert {(o.key, o.topic) for o in store.list()} == {("p", "port"), ("n", "tenant-a")}
+    store.delete("network", "n")
+    assert store.create("network", "n", 2).topic == "network"
+    assert store.list_topics(["tenant-a"]) == [] and store.get("network", "n").topic == "network"
+    assert store.drop_all() == 2 and store.list() == []

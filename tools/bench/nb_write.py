@@ -23,7 +23,6 @@ import sqlite3
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -32,8 +31,8 @@ from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.publisher import Publisher
 from dfpubsub.registry import load_driver
-from dfpubsub.store import Store, open_store
-from dfpubsub.tools.servers import EtcdServer, RedisServer
+from dfpubsub.store import Store
+from dfpubsub.tools.bench.backends import bench_store
 
 TABLES = ["port"]
 VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"], "status": "ACTIVE",
@@ -110,33 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"bench": "nb_write", "writes": args.writes}
     with tempfile.TemporaryDirectory(prefix="bench-nbwrite-") as tmp:
         for backend in args.backends.split(","):
-            server = None
-            if backend == "sqlite":
-                url = f"sqlite://{tmp}/nb.sqlite"
-                store = open_store(url, TABLES)
-            else:
-                server = (EtcdServer if backend == "etcd" else RedisServer)(Path(tmp) / backend).start()
-                url = server.url
-                store = open_store(url, TABLES, prefix="bench")
-            for k in range(args.keys):
-                store.create("port", f"port-{k:04d}", VALUE)
-            ours, raw = [], []
-            for _ in range(2):  # interleaved, best of two: the machine is shared and noisy
-                ours.append(nbapi_rate(store, args.writes, args.keys))
-                if backend == "sqlite":
-                    raw.append(raw_sqlite_rate(url[len("sqlite://"):], args.writes, args.keys))
-                elif backend == "redis":
-                    raw.append(raw_redis_rate(url, args.writes, args.keys))
-                else:
-                    raw.append(raw_etcd_rate(url, args.writes, args.keys))
+            with bench_store(backend, tmp, TABLES) as (store, url):
+                for k in range(args.keys):
+                    store.create("port", f"port-{k:04d}", VALUE)
+                ours, raw = [], []
+                for _ in range(3):  # interleaved, best of three: the machine is shared and noisy
+                    ours.append(nbapi_rate(store, args.writes, args.keys))
+                    if backend == "sqlite":
+                        raw.append(raw_sqlite_rate(url[len("sqlite://"):], args.writes, args.keys))
+                    elif backend == "redis":
+                        raw.append(raw_redis_rate(url, args.writes, args.keys))
+                    else:
+                        raw.append(raw_etcd_rate(url, args.writes, args.keys))
             rate, base = max(ours), max(raw)
             print(f"[{backend}] NbApi {rate:,.0f} writes/s (store + publish); raw client {base:,.0f} writes/s; "
                   f"ratio {rate / base:.2f}", flush=True)
             result.update({f"{backend}_writes_per_s": round(rate), f"{backend}_raw_writes_per_s": round(base),
                            f"{backend}_ratio": round(rate / base, 2)})
-            store.close()
-            if server is not None:
-                server.kill()
     print(json.dumps(result))
     return 0
 

@@ -98,20 +98,20 @@ def _etcd_raw_count(url: str) -> int:
     import asyncio
 
     import aetcd
+    from aetcd import rpc
 
     host, port = url.split("://", 1)[1].split(":")
 
     async def run() -> int:
-        async with aetcd.Client(host, int(port), options=[("grpc.max_receive_message_length", 256 << 20)]) as c:
+        async with aetcd.Client(host, int(port), options={"grpc.max_receive_message_length": 256 << 20}) as c:
             count, start = 0, b"/bench/nb/"
             end = b"/bench/nb0"
-            while True:
-                result = await c.get_range(start, end, limit=5000)
-                kvs = list(result)
-                count += len(kvs)
-                if len(kvs) < 5000:
+            while True:  # aetcd's get_range has no limit: pages of 5000 through the raw stub
+                page = await c.kvstub.Range(rpc.RangeRequest(key=start, range_end=end, limit=5000))
+                count += len(page.kvs)
+                if not page.more:
                     return count
-                start = kvs[-1].key + b"\x00"
+                start = page.kvs[-1].key + b"\x00"
 
     return asyncio.run(run())
 
