@@ -21,14 +21,13 @@ import sqlite3
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from dfpubsub.controller import Controller
 from dfpubsub.metrics import Stats
 from dfpubsub.registry import load_driver
-from dfpubsub.store import Store, open_store
-from dfpubsub.tools.servers import EtcdServer, RedisServer
+from dfpubsub.store import Store
+from dfpubsub.tools.bench.backends import bench_store
 
 TABLES = ["port", "network"]
 VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"], "status": "ACTIVE",
@@ -124,27 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"bench": "resync", "objects": args.objects}
     with tempfile.TemporaryDirectory(prefix="bench-resync-") as tmp:
         for backend in args.backends.split(","):
-            server = None
-            if backend == "sqlite":
-                url = f"sqlite://{tmp}/nb.sqlite"
-                store = open_store(url, TABLES)
-            else:
-                server = (EtcdServer if backend == "etcd" else RedisServer)(Path(tmp) / backend).start()
-                url = server.url
-                store = open_store(url, TABLES, prefix="bench", timeout=30.0)
-            t0 = time.perf_counter()
-            fill(store, args.objects)
-            print(f"[{backend}] filled {args.objects} objects in {time.perf_counter() - t0:.1f}s", flush=True)
-            raw = min(raw_read(backend, store, url) for _ in range(2))
-            resync = min(time_resync(store) for _ in range(2))
+            with bench_store(backend, tmp, TABLES, timeout=30.0) as (store, url):
+                t0 = time.perf_counter()
+                fill(store, args.objects)
+                print(f"[{backend}] filled {args.objects} objects in {time.perf_counter() - t0:.1f}s", flush=True)
+                raw = min(raw_read(backend, store, url) for _ in range(2))
+                resync = min(time_resync(store) for _ in range(2))
             print(f"[{backend}] full resync into a fresh controller: {resync:.3f}s "
                   f"({args.objects / resync:,.0f} objects/s); raw client read: {raw:.3f}s; "
                   f"ratio {resync / raw:.2f}", flush=True)
             result.update({f"{backend}_s": round(resync, 3), f"{backend}_raw_s": round(raw, 3),
                            f"{backend}_ratio": round(resync / raw, 2)})
-            store.close()
-            if server is not None:
-                server.kill()
     print(json.dumps(result))
     return 0
 
