@@ -9,7 +9,7 @@ the entry-point group ``dfpubsub.drivers`` (see :mod:`dfpubsub.registry`).
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from .metrics import Stats
@@ -52,7 +52,15 @@ class SubscriberTransport(abc.ABC):
 
     ``recv`` is called from the subscriber's receive thread only; every other
     method may be called from any thread.
+
+    A transport that keeps history (etcd revisions, Redis stream ids) resumes
+    from the last position it delivered after a reconnect; when that history
+    is gone (compacted, trimmed) it calls ``on_lost(topic, reason)``, which the
+    subscriber sets to request a resync of the topic.
     """
+
+    #: Set by the subscriber; drivers call it from their receive path when history is gone.
+    on_lost: Callable[[str, str], None] | None = None
 
     @abc.abstractmethod
     def subscribe(self, topic: str) -> None:

@@ -101,6 +101,7 @@ class Subscriber:
         self._closed = False
         self._badlog = RateLimitedLog(log)
         self._threads: list[threading.Thread] = []
+        transport.on_lost = self._transport_lost
 
     @property
     def topics(self) -> frozenset[str]:
@@ -238,6 +239,10 @@ class Subscriber:
             if tracker.requests:
                 for req in tracker.pop_requests():
                     self._request(req)
+
+    def _transport_lost(self, topic: str, reason: str) -> None:
+        """The transport's history of ``topic`` is gone (compacted, trimmed): resync it."""
+        self._request(ResyncRequest(topic, reason))
 
     def _enqueue(self, batch: EventBatch) -> None:
         try:
