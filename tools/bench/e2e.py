@@ -1,0 +1,235 @@
+"""Shared machinery of the end-to-end benchmarks (zmq_e2e, drivers_e2e).
+
+One publisher process and one subscriber process run the full dfpubsub stack on
+the driver a :class:`DriverSpec` names, with ~200-byte events round-robin on
+four topics: flat out (throughput) or paced (latency). After each phase the
+publisher flushes, closes (bye) and reports its final sequences; the subscriber
+waits until every (topic, seq) sent was delivered or lies in the ``missing``
+range of a ResyncRequest. The rest is ``lost_undetected`` (must be 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event as MpEvent
+from typing import Any
+
+from dfpubsub.codec import pack_event
+from dfpubsub.events import Event
+from dfpubsub.metrics import Stats
+from dfpubsub.publisher import Publisher, PublisherOptions
+from dfpubsub.registry import load_driver
+from dfpubsub.subscriber import Subscriber, SubscriberOptions
+from dfpubsub.tracker import ResyncRequest
+
+TOPICS = ("port", "network", "subnet", "router")
+TABLE, WARM_TABLE = "bench", "warmup"
+KEYS = [f"port-{i:06d}" for i in range(1024)]
+EVENT_BYTES = 200
+HWM = 100_000
+CONNECT_TIMEOUT = 10.0
+STALL_TIMEOUT = 5.0  # stop accounting when nothing more was delivered for this long
+SAMPLE = 8  # the handler reads the clock (latency, window end) on one event in 8
+
+VALUE: dict[str, Any] = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"],
+                         "status": "ACTIVE", "admin_state_up": True, "mtu": 1500, "description": ""}
+while len(pack_event(TABLE, KEYS[0], "update", 123_456, VALUE, time.time())) < EVENT_BYTES:
+    VALUE["description"] += "x"  # a port-like object padded so that one packed event is EVENT_BYTES long
+
+
+def send_loop(burst: Callable[[int, int], None], seconds: float, rate: float) -> dict[str, Any]:
+    """Call ``burst(i, n)`` (send events i..i+n-1) flat out (rate <= 0) or at ``rate``/s in 1 ms
+    bursts; return the count, the wall time and the CPU used (in cores)."""
+    clock, i, cpu0 = time.perf_counter, 0, time.process_time()
+    start = next_tick = clock()
+    end = start + seconds
+    while (now := clock()) < end:
+        if rate <= 0:
+            burst(i, 64)
+            i += 64
+            continue
+        due = int((now - start) * rate)
+        if due > i:
+            burst(i, due - i)
+            i = due
+        next_tick += 0.001
+        time.sleep(max(0.0, next_tick - clock()))
+    elapsed = clock() - start
+    return {"sent": i, "elapsed": elapsed, "cpu": (time.process_time() - cpu0) / elapsed}
+
+
+def recv_from(conn: Connection, procs: list[BaseProcess], timeout: float) -> Any:
+    """Receive from a child; fail fast if a child died or nothing came in time."""
+    ready = wait([conn, *(p.sentinel for p in procs)], timeout)
+    if conn in ready or conn.poll():
+        return conn.recv()
+    dead = [f"{p.name} (exit code {p.exitcode})" for p in procs if p.sentinel in ready]
+    raise RuntimeError(f"child died: {', '.join(dead)}" if dead else f"no answer within {timeout:.0f}s")
+
+
+def run_pair(ctx: ForkServerContext, label: str, pub: Callable[..., None], sub: Callable[..., None],
+             seconds: float, rate: float, *extra: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start a publisher and a subscriber process (``extra`` args go to both), relay the
+    endpoint and the publisher's report."""
+    (pub_conn, pub_child), (sub_conn, sub_child), warm = ctx.Pipe(), ctx.Pipe(), ctx.Event()
+    procs: list[BaseProcess] = [
+        ctx.Process(target=sub, args=(sub_child, warm, *extra), name=f"{label}-sub"),
+        ctx.Process(target=pub, args=(pub_child, warm, seconds, rate, *extra), name=f"{label}-pub"),
+    ]
+    for p in procs:
+        p.start()
+    try:
+        sub_conn.send(recv_from(pub_conn, procs, CONNECT_TIMEOUT))  # the endpoint
+        pub_res = recv_from(pub_conn, procs, seconds + 2 * CONNECT_TIMEOUT)
+        sub_conn.send(pub_res)
+        sub_res = recv_from(sub_conn, procs, 60.0)
+        pub_conn.send("exit")
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.terminate()
+    return pub_res, sub_res
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """Which driver the full stack runs on: the publisher's URL, the subscriber's, their options,
+    and whether the subscriber connects to the endpoint the publisher reports (ZeroMQ)."""
+
+    pub_url: str
+    sub_url: str
+    options: dict[str, Any] = field(default_factory=dict)
+    connect: bool = False
+
+
+def pub_worker(conn: Connection, warm: MpEvent, seconds: float, rate: float, spec: DriverSpec) -> None:
+    """Publisher process: start, wait until the subscriber is in, publish, close, report sequences."""
+    stats = Stats("publisher", "bench-pub")
+    pub = Publisher(load_driver(spec.pub_url, spec.options).publisher(stats), "bench-pub", PublisherOptions(), stats)
+    conn.send(pub.transport.uri)
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    while not warm.is_set():  # the subscription is live: one warm-up event per topic got through
+        for topic in TOPICS:
+            pub.publish(topic, WARM_TABLE, "warm", "update", 1, VALUE, timestamp=time.time())
+        if not warm.wait(0.05) and time.monotonic() > deadline:
+            raise TimeoutError("no warm-up event reached the subscriber")
+    publish, now, n_topics = pub.publish, time.time, len(TOPICS)
+
+    def burst(i: int, n: int) -> None:
+        for j in range(i, i + n):
+            publish(TOPICS[j % n_topics], TABLE, KEYS[j & 1023], "update", j + 1, VALUE, timestamp=now())
+
+    report = send_loop(burst, seconds, rate)
+    pub.flush()
+    pub.close()
+    conn.send({**report, "id": pub.id, "seqs": pub.sequences(), "stats": stats.snapshot()})
+    conn.recv()  # stay alive (ZeroMQ linger) until the subscriber has accounted for everything
+
+
+class Recorder:
+    """The subscriber's callbacks: count, sample latency, remember what was delivered and resynced."""
+
+    def __init__(self, warm: MpEvent):
+        self.warm = warm
+        self.warm_topics: set[str] = set()
+        self.count = self.warm_count = self.last_count = 0
+        self.first = self.last = 0.0  # clock at the first and at the last sampled event
+        self.latencies: list[float] = []
+        self.delivered: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
+        self.requests: list[ResyncRequest] = []
+
+    def on_event(self, event: Event) -> None:
+        self.delivered[(event.publisher_id, event.topic)].append(event.seq)
+        if event.table != TABLE:
+            self.warm_count += 1
+            self.warm_topics.add(event.topic)
+            if len(self.warm_topics) == len(TOPICS) and not self.warm.is_set():
+                self.warm.set()
+            return
+        self.count += 1
+        if self.count % SAMPLE == 1:
+            t = time.time()
+            if self.count == 1:
+                self.first = t
+            self.last, self.last_count = t, self.count
+            self.latencies.append(t - event.timestamp)
+
+    def on_resync(self, topics: set[str]) -> None:
+        """No DB to reconcile against: the requests (``on_gap``) are what the bench checks."""
+
+    def unaccounted(self, pid: str, seqs: dict[str, int]) -> tuple[int, int]:
+        """(events sent but neither delivered nor in a resync range, events delivered twice)."""
+        lost = dups = 0
+        for topic, last in seqs.items():
+            got_list = list(self.delivered.get((pid, topic), ()))
+            got = set(got_list)
+            dups += len(got_list) - len(got)
+            for req in list(self.requests):
+                if req.topic != topic or req.publisher_id != pid:
+                    continue
+                if req.missing is not None:
+                    got.update(range(req.missing[0], req.missing[1] + 1))
+                elif req.reason == "publisher_lost":  # the whole topic is resynced after its death
+                    got.update(range(1, last + 1))
+            lost += last - len(got.intersection(range(1, last + 1)))
+        return lost, dups
+
+
+def sub_worker(conn: Connection, warm: MpEvent, spec: DriverSpec) -> None:
+    """Subscriber process: subscribe, deliver, then account for every event the publisher sent."""
+    rec = Recorder(warm)
+    stats = Stats("subscriber", "bench-sub")
+    transport = load_driver(spec.sub_url, spec.options).subscriber(stats)
+    sub = Subscriber(transport, TOPICS, rec.on_event, rec.on_resync, SubscriberOptions(), "bench-sub",
+                     rec.requests.append, stats)
+    endpoint = conn.recv()
+    if spec.connect:
+        sub.connect(endpoint)
+    sub.start()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    expected: dict[str, Any] = conn.recv()  # the publisher's report: its id and final sequences
+    pid, seqs = expected["id"], expected["seqs"]
+    want = sum(seqs.values())
+    lost, dups, seen, cpu = want, 0, -1, 0.0
+    deadline = time.monotonic() + STALL_TIMEOUT
+    while time.monotonic() < deadline:
+        total = rec.count + rec.warm_count
+        if total != seen:
+            deadline = time.monotonic() + STALL_TIMEOUT  # still delivering
+        if total >= want or total == seen:  # complete, or stalled: count what is missing
+            cpu = cpu or (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+            lost, dups = rec.unaccounted(pid, seqs)
+            if lost == 0:
+                break
+        seen = total
+        time.sleep(0.05)
+    sub.close()
+    lat = sorted(rec.latencies)
+    window = rec.last - rec.first
+    conn.send({
+        "delivered": rec.count, "rate": (rec.last_count - 1) / window if window > 0 else 0.0,
+        "p50_ms": lat[len(lat) // 2] * 1e3 if lat else 0.0, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3 if lat else 0.0,
+        "lost_undetected": lost, "duplicates": dups, "cpu": cpu, "stats": stats.snapshot(),
+        "requests": dict(Counter(f"{r.reason}{'' if r.missing else ' (no range)'}" for r in rec.requests)),
+    })
+
+
+def run_phase(ctx: ForkServerContext, label: str, seconds: float, rate: float, spec: DriverSpec) -> dict[str, Any]:
+    """One full-stack phase; prints its figures and returns the subscriber's report."""
+    pub, res = run_pair(ctx, label, pub_worker, sub_worker, seconds, rate, spec)
+    print(f"[{label}] published {pub['sent']} in {pub['elapsed']:.2f}s ({pub['sent'] / pub['elapsed']:,.0f}/s, "
+          f"{pub['cpu']:.2f} cores); delivered {res['delivered']} at {res['rate']:,.0f}/s ({res['cpu']:.2f} cores); "
+          f"latency p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms", flush=True)
+    print(f"[{label}] lost_undetected {res['lost_undetected']}, duplicates {res['duplicates']}, resync requests "
+          f"{res['requests'] or 'none'}\n[{label}] publisher {pub['stats']}\n[{label}] subscriber {res['stats']}",
+          flush=True)
+    return res
+
+
