@@ -26,6 +26,7 @@ __all__ = [
     "ControllerSettings",
     "LogSettings",
     "MetricsSettings",
+    "DiscoverySettings",
     "Settings",
     "load_settings",
     "add_config_arguments",
@@ -110,6 +111,26 @@ class MetricsSettings(_Section):
     addr: str = Field("127.0.0.1", description="Address the metrics server binds.")
 
 
+class DiscoverySettings(_Section):
+    """``[discovery]``: the publishers' leased registrations (see :mod:`dfpubsub.discovery`)."""
+
+    url: str = Field("", description="Discovery backend URL, like store.url; empty: the store's URL.")
+    ttl: float = Field(10.0, gt=0, description="Seconds a registration lives without renewal.")
+    renew_interval: float = Field(3.0, gt=0, description="Seconds between renewals; at most ttl / 3.")
+    prefix: str = Field("dfpubsub", min_length=1, description="Key namespace of the registrations.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DiscoverySettings":
+        # Dragonflow renewed at about its timeout, so live publishers were collected as dead.
+        if self.renew_interval > self.ttl / 3:
+            raise ValueError(
+                f"discovery.renew_interval ({self.renew_interval:g} s) must be at most discovery.ttl / 3 "
+                f"({self.ttl / 3:g} s with discovery.ttl = {self.ttl:g} s), so that a live publisher "
+                "survives two lost renewals; lower discovery.renew_interval or raise discovery.ttl"
+            )
+        return self
+
+
 class Settings(BaseSettings):
     """All settings. ``driver`` holds each driver's own table, validated by the driver."""
 
@@ -122,6 +143,7 @@ class Settings(BaseSettings):
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
@@ -189,6 +211,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "controller": ControllerSettings,
     "log": LogSettings,
     "metrics": MetricsSettings,
+    "discovery": DiscoverySettings,
 }
 
 

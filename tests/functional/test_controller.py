@@ -7,7 +7,7 @@ import pytest
 
 from dfpubsub import Publisher, PublisherOptions, SubscriberOptions, load_driver
 from dfpubsub.controller import Controller
-from dfpubsub.errors import StoreUnavailable
+from dfpubsub.errors import StoreUnavailable, TransportError
 from dfpubsub.events import VersionedObject
 from dfpubsub.faults import LossyTransport, drop_every
 from dfpubsub.metrics import Stats
@@ -70,6 +70,21 @@ def make_pub(transport_wrap=None, url="zmq+tcp://127.0.0.1:*"):
     return Publisher(transport, "api", PublisherOptions(batch_linger=0.001, max_idle_time=0.3), stats)
 
 
+def rebind(endpoint):
+    """A new publisher on ``endpoint``, once ZeroMQ has released it (closing is asynchronous)."""
+    made = []
+
+    def attempt():
+        try:
+            made.append(make_pub(url=f"zmq+{endpoint}"))
+        except TransportError:
+            return False
+        return True
+
+    wait_for(attempt, what="the closed publisher's port to be free again")
+    return made[0]
+
+
 @pytest.fixture(params=["sqlite", "etcd", "redis"])
 def store(request, tmp_path):
     if request.param == "sqlite":
@@ -118,7 +133,7 @@ def test_converges_after_a_subscriber_and_a_publisher_restart(store):
     wait_for(lambda: node.converged(store), what="convergence after the subscriber restart")
     endpoint = pub.transport.uri
     pub.close()
-    pub2 = make_pub(url=f"zmq+{endpoint}")  # restarted on the same address with a new id
+    pub2 = rebind(endpoint)  # restarted on the same address with a new id
     churn(NbApi(store, pub2), 100, start=200)
     wait_for(lambda: node.converged(store), what="convergence after the publisher restart")
     node.ctrl.stop()

@@ -1,0 +1,282 @@
+"""Publisher discovery (DESIGN.md §4): publishers register leased rows, subscribers watch them.
+
+Each publisher registers ``{publisher_id, name, uris, host, pid, started_at,
+topics}`` under a key that expires ``ttl`` seconds after its last renewal, and
+renews it every ``renew_interval`` (at most ``ttl / 3``: Dragonflow renewed at
+about its timeout, so live publishers were collected as dead). A crashed
+publisher's row vanishes by itself; a closed one's is deleted at once.
+Subscribers watch the table, connect to new publishers and drop vanished
+ones.
+
+``open_discovery(url, ttl, renew_interval, prefix)`` picks the backend by URL
+scheme, like :func:`dfpubsub.store.open_store`:
+
+- ``sqlite:///path`` (the embedded default): a table with ``expires_at``.
+- ``etcd://host:port``: a lease per publisher, the key attached to it.
+- ``redis://host:port/db``: a key with a ``PX`` expiry.
+
+On top of any backend, :class:`PublisherAnnouncer` keeps a
+:class:`~dfpubsub.publisher.Publisher` registered and
+:class:`DiscoveryConnector` keeps a :class:`~dfpubsub.subscriber.Subscriber`
+connected to the registered publishers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import ConfigError, DfPubSubError
+from .api import Discovery, PollingWatcher, PublisherRecord, RecordCallback, Registration, Watcher, check_timing
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..publisher import Publisher
+    from ..subscriber import Subscriber
+
+__all__ = [
+    "Discovery",
+    "DiscoveryConnector",
+    "PollingWatcher",
+    "PublisherAnnouncer",
+    "PublisherRecord",
+    "RecordCallback",
+    "Registration",
+    "Watcher",
+    "check_timing",
+    "discovery_from_settings",
+    "open_discovery",
+]
+
+log = logging.getLogger("dfpubsub.discovery")
+
+
+def open_discovery(
+    url: str,
+    ttl: float = 10.0,
+    renew_interval: float = 3.0,
+    prefix: str = "dfpubsub",
+    timeout: float | None = None,
+) -> Discovery:
+    """Open the discovery table at ``url``.
+
+    Raises :class:`~dfpubsub.errors.ConfigError` for an unknown scheme or a
+    ``renew_interval`` above ``ttl / 3``. ``timeout`` bounds each backend call
+    (default: the renew interval, between 1 and 5 s).
+    """
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        from .sqlite import SqliteDiscovery
+
+        path = url[len("sqlite://"):]
+        if path in ("/:memory:", ":memory:"):
+            path = ":memory:"
+        if not path:
+            raise ConfigError(f"sqlite discovery URL needs a path, e.g. sqlite:///var/lib/dfpubsub/nb.sqlite: {url!r}")
+        return SqliteDiscovery(path, ttl, renew_interval, prefix, timeout)
+    if scheme == "etcd":
+        from .etcd import EtcdDiscovery
+
+        return EtcdDiscovery(url, ttl, renew_interval, prefix, timeout)
+    if scheme == "redis":
+        from .redis import RedisDiscovery
+
+        return RedisDiscovery(url, ttl, renew_interval, prefix, timeout)
+    raise ConfigError(f"unknown discovery URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
+
+
+def discovery_from_settings(settings: "Settings") -> Discovery:
+    """Open discovery as ``[discovery]`` says (its ``url`` defaults to ``store.url``)."""
+    d = settings.discovery
+    return open_discovery(d.url or settings.store.url, d.ttl, d.renew_interval, d.prefix)
+
+
+def advertised_uri(uri: str, host: str) -> str:
+    """``uri`` with a wildcard bind address (``0.0.0.0``, ``::``, ``*``) replaced by ``host``."""
+    parts = urlsplit(uri)
+    if parts.scheme != "tcp" or parts.hostname not in ("0.0.0.0", "::", "*"):
+        return uri
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class PublisherAnnouncer:
+    """Keeps ``publisher`` registered in ``discovery`` until :meth:`close`.
+
+    The record holds the publisher's id and name, ``[publisher.transport.uri]``
+    (with a wildcard bind address replaced by ``advertise_host`` if given),
+    this host and pid, the time of the announcement, and ``topics``; without
+    ``topics`` they follow the topics the publisher has used
+    (``publisher.sequences()``), refreshed at every renewal. Registering raises
+    :class:`~dfpubsub.errors.StoreUnavailable` if the backend is down now.
+    """
+
+    def __init__(
+        self,
+        discovery: Discovery,
+        publisher: "Publisher",
+        topics: Iterable[str] | None = None,
+        *,
+        advertise_host: str | None = None,
+        started_at: float | None = None,
+    ):
+        self.discovery = discovery
+        self.publisher = publisher
+        uri = publisher.transport.uri
+        if uri and advertise_host:
+            uri = advertised_uri(uri, advertise_host)
+        elif uri and advertised_uri(uri, "x") != uri:
+            log.warning("publisher bound to a wildcard address; only subscribers on this host can use its uri "
+                        "(pass advertise_host)", extra={"uri": uri})
+        record = PublisherRecord(
+            publisher_id=publisher.id,
+            name=publisher.name,
+            uris=[uri] if uri else [],
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=time.time() if started_at is None else started_at,
+            topics=sorted(set(publisher.sequences() if topics is None else topics)),
+        )
+        self.registration = discovery.register(record)
+        if topics is None:
+            self.registration.follow_topics(lambda: publisher.sequences().keys())
+
+    @property
+    def record(self) -> PublisherRecord:
+        return self.registration.record
+
+    def close(self) -> None:
+        """Unregister: the row is deleted at once."""
+        self.registration.close()
+
+    def __enter__(self) -> "PublisherAnnouncer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DiscoveryConnector:
+    """Connects ``subscriber`` to the publishers in ``discovery`` as they come and go.
+
+    A new record's URIs are connected (``subscriber.connect``); when the record
+    vanishes (closed, or expired after a crash) they are disconnected, unless
+    another live record still lists them (a publisher restarted on the same
+    port). Only URIs this connector connected are ever disconnected: the
+    subscriber's own endpoints, ``static`` and those its transport already
+    had (``transport.endpoints``, where the driver has it), are left alone.
+    ``accept(record)`` may filter the publishers to follow. Errors of the
+    subscriber (a URI its driver refuses, a closed subscriber) are logged,
+    not raised.
+    """
+
+    def __init__(
+        self,
+        discovery: Discovery,
+        subscriber: "Subscriber",
+        static: Iterable[str] = (),
+        accept: Callable[[PublisherRecord], bool] | None = None,
+    ):
+        self.discovery = discovery
+        self.subscriber = subscriber
+        self.accept = accept
+        self._static = set(static) | set(self._transport_endpoints())
+        self._lock = threading.Lock()
+        self._uris_of: dict[str, list[str]] = {}  # publisher id -> URIs it holds connected
+        self._owners: dict[str, set[str]] = {}  # URI connected by us -> publisher ids listing it
+        self.watcher = discovery.watch(self._added, self._removed, self._updated)
+
+    @property
+    def connected(self) -> set[str]:
+        """The URIs this connector has connected."""
+        with self._lock:
+            return set(self._owners)
+
+    def close(self, disconnect: bool = True) -> None:
+        """Stop watching and (unless ``disconnect`` is false) disconnect what this connector connected."""
+        self.watcher.close()
+        with self._lock:
+            uris, self._owners, self._uris_of = list(self._owners), {}, {}
+            if disconnect:
+                for uri in uris:
+                    self._call(self.subscriber.disconnect, uri)
+
+    def __enter__(self) -> "DiscoveryConnector":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _transport_endpoints(self) -> frozenset[str]:
+        """The endpoints the subscriber's transport reports (zmq's ``endpoints``), if any."""
+        endpoints = getattr(self.subscriber.transport, "endpoints", None)
+        if not isinstance(endpoints, (set, frozenset, list, tuple)):
+            return frozenset()
+        for _ in range(3):
+            try:
+                return frozenset(endpoints)
+            except RuntimeError:  # changed size on the receive thread while copied: again
+                continue
+        return frozenset()
+
+    def _added(self, record: PublisherRecord) -> None:
+        if self.accept is not None and not self.accept(record):
+            return
+        with self._lock:
+            self._hold(record.publisher_id, record.uris)
+
+    def _updated(self, record: PublisherRecord) -> None:
+        with self._lock:
+            old = self._uris_of.pop(record.publisher_id, [])
+            if self.accept is None or self.accept(record):
+                self._hold(record.publisher_id, record.uris)  # connect what is new before dropping what went
+            kept = self._uris_of.get(record.publisher_id, [])
+            self._release(record.publisher_id, [uri for uri in old if uri not in kept])
+
+    def _removed(self, record: PublisherRecord) -> None:
+        with self._lock:
+            self._release(record.publisher_id, self._uris_of.pop(record.publisher_id, []))
+
+    def _hold(self, publisher_id: str, uris: list[str]) -> None:
+        held: list[str] = []
+        for uri in uris:
+            if uri in self._static or uri in held:
+                continue
+            owners = self._owners.get(uri)
+            if owners is None:
+                if uri in self._transport_endpoints():  # connected by someone else: not ours
+                    continue
+                if not self._call(self.subscriber.connect, uri):
+                    continue
+                owners = self._owners[uri] = set()
+                log.info("connected to a discovered publisher", extra={"uri": uri, "publisher_id": publisher_id})
+            owners.add(publisher_id)
+            held.append(uri)
+        self._uris_of[publisher_id] = held
+
+    def _release(self, publisher_id: str, uris: list[str]) -> None:
+        for uri in uris:
+            owners = self._owners.get(uri)
+            if owners is None:
+                continue
+            owners.discard(publisher_id)
+            if not owners:
+                del self._owners[uri]
+                self._call(self.subscriber.disconnect, uri)
+                log.info("disconnected from a vanished publisher", extra={"uri": uri, "publisher_id": publisher_id})
+
+    def _call(self, fn: Callable[[str], None], uri: str) -> bool:
+        try:
+            fn(uri)
+        except DfPubSubError as exc:
+            log.warning("subscriber refused a discovered endpoint", extra={"uri": uri, "error": str(exc)})
+            return False
+        return True
