@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dfpubsub.api import Driver, PublisherTransport, SubscriberTransport
 from dfpubsub.errors import ClosedError, ConfigError, TransportError
+from dfpubsub.etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints
 from dfpubsub.events import CONTROL_TOPIC
 from dfpubsub.logs import RateLimitedLog
 from dfpubsub.metrics import Stats
@@ -61,17 +62,12 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     # One watch response carries up to 1000 revisions: far above gRPC's default 4 MiB.
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
-    # Retry a lost server quickly rather than with gRPC's backoff of up to two minutes.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *RECONNECT_OPTIONS,
     # A watch may wait for writes for ever: pings find a server that vanished without a word
     # (etcd refuses pings more often than every 5 s).
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-# The server is gone or slow: the channel is dropped and the next call connects again.
-_UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 _RECV_BATCH = 512  # most frames one recv() returns
 _TXN_BYTES = 1 << 20  # most envelope bytes in one transaction: below etcd's default --max-request-bytes, 1.5 MiB
 _MIN_BACKOFF, _MAX_BACKOFF = 0.05, 1.0  # between attempts to watch again after a failure
@@ -92,35 +88,6 @@ class EtcdWatchOptions(BaseModel):
     )
 
 
-def _parse_endpoints(url: str) -> list[str]:
-    if not url.startswith("etcd://"):
-        raise ConfigError(f"etcd driver URL must look like etcd://host:port[,host:port]: {url!r}")
-    endpoints = []
-    for part in url[len("etcd://"):].split("/", 1)[0].split(","):
-        host, _, port = part.strip().rpartition(":")
-        if not host or not port.isdigit() or "@" in host:
-            raise ConfigError(f"etcd driver URL must look like etcd://host:port[,host:port]: {url!r}")
-        endpoints.append(f"{host}:{port}")
-    return endpoints
-
-
-def _answers(channel: grpc.Channel, timeout: float) -> bool:
-    """Connect; False as soon as the connection fails (refused, unreachable), or after ``timeout``."""
-    done = threading.Event()
-    ready: list[bool] = []
-
-    def seen(state: grpc.ChannelConnectivity) -> None:
-        if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
-            ready.append(state == grpc.ChannelConnectivity.READY)
-            done.set()
-
-    channel.subscribe(seen, try_to_connect=True)
-    try:
-        return done.wait(timeout) and ready[0]
-    finally:
-        channel.unsubscribe(seen)
-
-
 class _Stubs:
     """A channel and the stubs of the etcd services on it."""
 
@@ -139,7 +106,7 @@ class _Conn:
     def __init__(self, url: str, timeout: float):
         self.url = url
         self.timeout = timeout
-        self._endpoints = _parse_endpoints(url)
+        self._endpoints = [f"{host}:{port}" for host, port in parse_endpoints(url)]
         self._index = 0  # endpoint in use; moves on after a failure
         self._cond = threading.Condition(threading.Lock())  # guards the fields below
         self._stubs: _Stubs | None = None
@@ -176,7 +143,7 @@ class _Conn:
         for i in range(n):
             self._index = (first + i) % n
             channel = grpc.insecure_channel(self._endpoints[self._index], options=options)
-            if n == 1 or _answers(channel, self.timeout / n):  # several: take the first that answers
+            if n == 1 or answers(channel, self.timeout / n):  # several: take the first that answers
                 return channel
             channel.close()
         raise TransportError(f"none of the etcd endpoints of {self.url} answered")
@@ -188,7 +155,7 @@ class _Conn:
             return TransportError(f"etcd channel to {where} was closed during the call")
         code = exc.code() if isinstance(exc, grpc.Call) else None
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        if code is not None and code not in _UNAVAILABLE:
+        if code is not None and code not in UNAVAILABLE:
             return TransportError(f"etcd at {where} refused the request: {code.name}: {details}")
         with self._cond:
             if stubs is self._stubs:
@@ -647,7 +614,7 @@ class EtcdWatchDriver(Driver):
             raise ConfigError(f"invalid [driver.etcd] options: {exc}") from exc
         if not url:
             raise ConfigError("the etcd driver needs a URL such as etcd://127.0.0.1:2379")
-        _parse_endpoints(url)
+        parse_endpoints(url)
         self._url: str = url
 
     def publisher(self, stats: Stats) -> PublisherTransport:

@@ -41,7 +41,8 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ..errors import StoreError, StoreUnavailable
-from ..store.etcd import _CHANNEL_OPTIONS, _UNAVAILABLE, _answers, _code, _parse_endpoints
+from ..etcd_client import UNAVAILABLE, answers, parse_endpoints, status_code
+from ..store.etcd import _CHANNEL_OPTIONS
 from .api import Discovery, PublisherRecord, RecordCallback, Watcher
 
 __all__ = ["EtcdDiscovery"]
@@ -68,7 +69,7 @@ class _Connection:
     def __init__(self, url: str, timeout: float):
         self.url = url
         self.timeout = timeout
-        self._endpoints = _parse_endpoints(url)
+        self._endpoints = parse_endpoints(url)
         self._endpoint = 0
         self._lock = threading.Lock()
         self._stubs: _Stubs | None = None
@@ -87,7 +88,7 @@ class _Connection:
         for i in range(n):
             self._endpoint = (first + i) % n
             channel = grpc.insecure_channel(self.where(), options=_CHANNEL_OPTIONS)
-            if n == 1 or _answers(channel, self.timeout / n):  # one: gRPC connects on the first call
+            if n == 1 or answers(channel, self.timeout / n):  # one: gRPC connects on the first call
                 return channel
             channel.close()
         raise StoreUnavailable(f"none of the etcd endpoints of {self.url} answered")
@@ -102,11 +103,11 @@ class _Connection:
         try:
             return fn(stubs)
         except grpc.RpcError as exc:
-            code = _code(exc)
+            code = status_code(exc)
             details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             if code == grpc.StatusCode.NOT_FOUND and "lease not found" in (details or ""):
                 raise _LeaseGone(f"etcd lease gone ({what})") from None
-            if code is not None and code not in _UNAVAILABLE:
+            if code is not None and code not in UNAVAILABLE:
                 raise StoreError(f"etcd at {self.where()} refused {what}: {code.name}: {details}") from None
             self._drop(stubs)
             raise StoreUnavailable(f"etcd at {self.where()} is unavailable ({what}): {details}") from None

@@ -46,7 +46,8 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..errors import AlreadyExists, ConfigError, NotFound, StoreError, StoreUnavailable, VersionConflict
+from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict
+from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints, status_code
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 
@@ -58,13 +59,8 @@ _PAGE_KEYS = 5000
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-    # Retry a lost server quickly rather than with gRPC's backoff of up to two minutes.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *RECONNECT_OPTIONS,
 ]
-# The server is gone or slow: the channel is dropped and the caller told StoreUnavailable.
-_UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
 # gRPC cannot fork while a thread is inside it (the child crashes or hangs), so every store of
@@ -88,22 +84,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
-
-
-def _parse_endpoints(url: str) -> list[tuple[str, int]]:
-    if not url.startswith("etcd://"):
-        raise ConfigError(f"etcd URL must look like etcd://host:port[,host:port]: {url!r}")
-    endpoints = []
-    for part in url[len("etcd://"):].split("/", 1)[0].split(","):
-        host, _, port = part.strip().rpartition(":")
-        if not host or not port.isdigit() or "@" in host:
-            raise ConfigError(f"etcd URL must look like etcd://host:port[,host:port]: {url!r}")
-        endpoints.append((host, int(port)))
-    return endpoints
-
-
-def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
-    return exc.code() if isinstance(exc, grpc.Call) else None
 
 
 def _kv_op(req: Any) -> rpc.RequestOp:
@@ -139,23 +119,6 @@ def _set_topic(table: str, topic_path: bytes, topic: str) -> Any:
     return rpc.PutRequest(key=topic_path, value=topic.encode())
 
 
-def _answers(channel: grpc.Channel, timeout: float) -> bool:
-    """Connect; False as soon as the connection fails (refused, unreachable), or after ``timeout``."""
-    done = threading.Event()
-    ready: list[bool] = []
-
-    def seen(state: grpc.ChannelConnectivity) -> None:
-        if state in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
-            ready.append(state == grpc.ChannelConnectivity.READY)
-            done.set()
-
-    channel.subscribe(seen, try_to_connect=True)
-    try:
-        return done.wait(timeout) and ready[0]
-    finally:
-        channel.unsubscribe(seen)
-
-
 class EtcdStore(Store):
     """Objects in etcd 3.4+; versions are etcd revisions."""
 
@@ -173,7 +136,7 @@ class EtcdStore(Store):
         self.url = url
         self.prefix = prefix
         self.timeout = timeout
-        self._endpoints = _parse_endpoints(url)
+        self._endpoints = parse_endpoints(url)
         self._endpoint = 0  # index of the endpoint in use; moves on after a failure
         self._root = f"/{prefix}/nb/".encode()
         self._topic_root = f"/{prefix}/nbtopic/".encode()
@@ -225,12 +188,12 @@ class EtcdStore(Store):
     def _error(self, channel: grpc.Channel, exc: grpc.RpcError) -> StoreError:
         """What a failed RPC means. A lost or slow server: the channel is closed (unless another call
         already did so) and the next call connects to the next endpoint."""
-        code = _code(exc)
+        code = status_code(exc)
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         where = self._where()
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             details = f"no answer within {self.timeout}s"
-        if code is not None and code not in _UNAVAILABLE:
+        if code is not None and code not in UNAVAILABLE:
             return StoreError(f"etcd at {where} refused the request: {code.name}: {details}")
         with self._lock:
             if channel is self._channel:
@@ -248,7 +211,7 @@ class EtcdStore(Store):
         for i in range(n):
             self._endpoint = (first + i) % n
             channel = grpc.insecure_channel(self._where(), options=_CHANNEL_OPTIONS)
-            if n == 1 or _answers(channel, self.timeout / n):  # several: take the first that answers
+            if n == 1 or answers(channel, self.timeout / n):  # several: take the first that answers
                 return channel  # one: gRPC connects on the first call
             channel.close()
         raise StoreUnavailable(f"none of the etcd endpoints of {self.url} answered")
@@ -299,7 +262,7 @@ class EtcdStore(Store):
             try:
                 page = kv.Range(request, timeout=self.timeout)
             except grpc.RpcError as exc:
-                if _code(exc) != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
+                if status_code(exc) != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
                     raise
                 limit //= 2  # a page above the message limit: smaller pages
                 continue
@@ -322,7 +285,7 @@ class EtcdStore(Store):
                     return pages, self._scan(kv, self._topic_root + under, revision)[0]
                 except grpc.RpcError as exc:  # the snapshot was compacted away: start over
                     attempts += 1
-                    if _code(exc) != grpc.StatusCode.OUT_OF_RANGE or attempts == 3:
+                    if status_code(exc) != grpc.StatusCode.OUT_OF_RANGE or attempts == 3:
                         raise
 
         pages, topic_pages = self._call(run)
