@@ -1,0 +1,90 @@
+"""The Redis publisher transport: XADD per envelope, fail-fast backoff, and the join counter."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.exceptions import RedisError
+
+from dfpubsub.api import PublisherTransport
+from dfpubsub.errors import ClosedError, TransportError
+from dfpubsub.metrics import Stats
+
+from .streams import _DISCONNECTED, _Backoff, _public_url, _RateLimit
+
+if TYPE_CHECKING:
+    from . import RedisStreamsOptions
+
+#: How often a publisher looks at the join counter (seconds).
+_JOIN_POLL = 0.1
+
+
+class _RedisPublisher(PublisherTransport):
+    """One connection, used under the publisher's lock only."""
+
+    def __init__(self, url: str, pool: redis.ConnectionPool, opts: RedisStreamsOptions, stats: Stats):
+        self.stats = stats
+        self._uri = _public_url(url)
+        self._pool = pool
+        self._conn = pool.make_connection()  # connects on first use
+        self._prefix = f"{opts.prefix}:ps:"
+        self._maxlen = str(opts.maxlen).encode()
+        self._keys: dict[str, bytes] = {}
+        self._joins_key = f"{opts.prefix}:ps:$joins".encode()
+        self._joins: int | None = None
+        self._next_poll = 0.0
+        self._backoff = _Backoff()
+        self._warn = _RateLimit()
+        self._closed = False
+        try:
+            self._joins = self._command(b"GET", self._joins_key, as_int=True)
+        except TransportError:
+            pass  # the first successful poll takes the baseline
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    def _command(self, *args: bytes, as_int: bool = False) -> Any:
+        if self._closed:
+            raise ClosedError("redis publisher is closed")
+        now = time.monotonic()
+        if now < self._backoff.until:
+            raise TransportError(f"redis at {self._uri} is unreachable; retrying in {self._backoff.until - now:.2f}s")
+        try:
+            self._conn.send_command(*args)
+            reply = self._conn.read_response()
+        except _DISCONNECTED as exc:
+            self._conn.disconnect()
+            self._backoff.failed(time.monotonic())
+            self._warn.warning("disconnected", "redis publisher lost its connection", uri=self._uri, error=str(exc))
+            raise TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}") from exc
+        except RedisError as exc:  # an error reply (OOM, WRONGTYPE, ...): the connection is fine
+            raise TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}") from exc
+        self._backoff.ok()
+        return int(reply or 0) if as_int else reply
+
+    def send(self, topic: str, frame: bytes) -> None:
+        key = self._keys.get(topic)
+        if key is None:
+            key = self._keys[topic] = (self._prefix + topic).encode()
+        self._command(b"XADD", key, b"MAXLEN", b"~", self._maxlen, b"*", b"e", frame)
+
+    def new_subscribers(self) -> int:
+        now = time.monotonic()
+        if now < self._next_poll:
+            return 0
+        self._next_poll = now + _JOIN_POLL
+        joins = self._command(b"GET", self._joins_key, as_int=True)
+        if self._joins is None or joins < self._joins:  # first look, or the server lost its data
+            self._joins = joins
+            return 0
+        joined, self._joins = joins - self._joins, joins
+        return joined
+
+    def close(self) -> None:
+        self._closed = True
+        self._conn.disconnect()
+        self._pool.disconnect()
