@@ -95,6 +95,7 @@ class ControllerSettings(_Section):
 
     name: str = Field("", description="Name in logs and metrics (default: host name).")
     reconcile_interval: float = Field(0.0, ge=0, description="Seconds between full reconciles (0: only on gaps).")
+    discover: bool = Field(False, description="Connect to the publishers listed in the [discovery] table.")
 
 
 class LogSettings(_Section):

@@ -2,7 +2,9 @@
 
 It is the informer pattern end to end: subscribe to the configured topics on
 the configured driver, full-sync from the configured store, apply events, and
-resync whatever a gap, a dead publisher or an overflow says was missed. Each
+resync whatever a gap, a dead publisher or an overflow says was missed. With
+``--controller.discover true`` it also connects to the publishers listed in the
+discovery table as they come and go. Each
 create, update and delete is logged as one JSON line. SIGTERM stops it
 cleanly; ``--metrics.port`` serves Prometheus counters.
 """
@@ -17,6 +19,7 @@ import sys
 
 from dfpubsub.config import add_config_arguments, settings_from_args
 from dfpubsub.controller import Controller
+from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import VersionedObject
 from dfpubsub.factory import create_driver, subscriber_options
@@ -69,11 +72,24 @@ def main(argv: list[str] | None = None) -> int:
         subscriber_options(settings.pubsub), name, settings.controller.reconcile_interval,
         settings.cache.tombstone_horizon,
     )
+    discovery = connector = None
+    if settings.controller.discover:
+        try:
+            discovery = discovery_from_settings(settings)
+            connector = DiscoveryConnector(discovery, controller.subscriber, static=[driver.url] if driver.url else [])
+        except DfPubSubError as exc:
+            log.error("cannot watch the discovery table", extra={"error": str(exc)})
+            store.close()
+            return 1
     start_metrics_server(settings.metrics.port, settings.metrics.addr)
     # What exists at start-up lives as long as the daemon: keep it out of every collection.
     gc.freeze()
-    log.info("controller starting", extra={"controller": name, "topics": sorted(topics), "store": store.backend})
+    log.info("controller starting", extra={"controller": name, "topics": sorted(topics), "store": store.backend,
+                                           "discover": settings.controller.discover})
     controller.run_forever()
+    if connector is not None and discovery is not None:
+        connector.close(disconnect=False)
+        discovery.close()
     store.close()
     return 0
 

@@ -78,3 +78,40 @@ def test_async_nbapi(tmp_path):
         await api.close()
 
     asyncio.run(scenario())
+
+
+def test_df_controller_finds_publishers_through_discovery(tmp_path):
+    from dfpubsub.discovery import PublisherAnnouncer, open_discovery
+
+    db = f"sqlite://{tmp_path}/nb.sqlite"
+    store = open_store(db, ["port"])
+    stats = Stats("p", "p")
+    pub = Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "api", PublisherOptions(batch_linger=0),
+                    stats)
+    discovery = open_discovery(db, ttl=3.0, renew_interval=0.5)
+    exe = shutil.which("df-controller", path=os.path.dirname(sys.executable))
+    proc = subprocess.Popen(
+        [exe, "--store.url", db, "--store.tables", "port", "--pubsub.driver", "zmq", "--controller.discover", "true",
+         "--discovery.ttl", "3", "--discovery.renew-interval", "0.5", "--log.format", "json"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    lines = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    announcer = None
+    try:
+        wait_for(lambda: any(json.loads(line)["msg"] == "controller starting" for line in list(lines)),
+                 what="df-controller to start")
+        announcer = PublisherAnnouncer(discovery, pub, topics=["port"])
+        wait_for(lambda: pub.stats.get("subscribers_joined") >= 1, what="df-controller to connect via discovery")
+        NbApi(store, pub).create("port", "found", {"via": "discovery"})
+        wait_for(lambda: any(json.loads(line).get("key") == "found" for line in list(lines)),
+                 what="the event from the discovered publisher")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        if announcer is not None:
+            announcer.close()
+        discovery.close()
+        pub.close()
+        store.close()
