@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError, DfPubSubError
+from ..store import sqlite_path
 from .api import Discovery, PollingWatcher, PublisherRecord, RecordCallback, Registration, Watcher, check_timing
 
 if TYPE_CHECKING:
@@ -74,12 +75,7 @@ def open_discovery(
     if scheme == "sqlite":
         from .sqlite import SqliteDiscovery
 
-        path = url[len("sqlite://"):]
-        if path in ("/:memory:", ":memory:"):
-            path = ":memory:"
-        if not path:
-            raise ConfigError(f"sqlite discovery URL needs a path, e.g. sqlite:///var/lib/dfpubsub/nb.sqlite: {url!r}")
-        return SqliteDiscovery(path, ttl, renew_interval, prefix, timeout)
+        return SqliteDiscovery(sqlite_path(url), ttl, renew_interval, prefix, timeout)
     if scheme == "etcd":
         from .etcd import EtcdDiscovery
 

@@ -19,7 +19,17 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, Store
 
-__all__ = ["Store", "AsyncStore", "open_store", "DEFAULT_MAX_VALUE_BYTES"]
+__all__ = ["Store", "AsyncStore", "open_store", "sqlite_path", "DEFAULT_MAX_VALUE_BYTES"]
+
+
+def sqlite_path(url: str) -> str:
+    """The file of ``sqlite:///path`` (``:memory:`` for ``sqlite:///:memory:``); ConfigError without one."""
+    path = url[len("sqlite://"):]
+    if path in ("/:memory:", ":memory:"):
+        return ":memory:"
+    if not path:
+        raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:///var/lib/dfpubsub/nb.sqlite: {url!r}")
+    return path
 
 
 def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
@@ -32,12 +42,7 @@ def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
     if scheme == "sqlite":
         from .sqlite import SqliteStore
 
-        path = url[len("sqlite://"):]
-        if path in ("/:memory:", ":memory:"):
-            path = ":memory:"
-        if not path:
-            raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:///var/lib/dfpubsub/nb.sqlite: {url!r}")
-        return SqliteStore(path, tables, **options)
+        return SqliteStore(sqlite_path(url), tables, **options)
     if scheme == "etcd":
         from .etcd import EtcdStore
 
