@@ -24,22 +24,14 @@ call. A forked child builds its own client.
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
-from ..errors import ConfigError, StoreError, StoreUnavailable
+from ..redis_client import ProcessClient, open_client, redis_errors
 from .api import Discovery, PublisherRecord
 
 __all__ = ["RedisDiscovery"]
@@ -74,9 +66,8 @@ return out
 
 @dataclass(frozen=True, slots=True)
 class _Client:
-    """A redis-py client and its scripts, valid in process ``pid`` only."""
+    """A redis-py client and its scripts (one per process: see ProcessClient)."""
 
-    pid: int
     r: redis.Redis
     renew: Script
     list: Script
@@ -93,37 +84,18 @@ class RedisDiscovery(Discovery):
         self._index = f"{prefix}:publishers"
         self._key_prefix = f"{prefix}:publishers:"
         self._ttl_ms = max(1, int(self.ttl * 1000))
-        self._client_lock = threading.Lock()
-        self._client: _Client | None = None
-        self._connect()  # validates the URL; connections open on first use
+        self._client = ProcessClient(self._new_client, lambda c: c.r.close())
+        self._client.get()  # validates the URL; connections open on first use
+
+    def _new_client(self) -> _Client:
+        r = open_client(self.url, self.timeout, "discovery")
+        return _Client(r, r.register_script(_RENEW), r.register_script(_LIST))
 
     def _connect(self) -> _Client:
-        client = self._client
-        if client is not None and client.pid == os.getpid():
-            return client
-        with self._client_lock:
-            client = self._client
-            if client is not None and client.pid == os.getpid():
-                return client
-            try:
-                r = redis.Redis.from_url(
-                    self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
-                    retry=Retry(NoBackoff(), 0), decode_responses=False,
-                )
-            except ValueError as exc:
-                raise ConfigError(f"invalid Redis discovery URL {self.url!r}: {exc}") from exc
-            client = _Client(os.getpid(), r, r.register_script(_RENEW), r.register_script(_LIST))
-            self._client = client
-            return client
+        return self._client.get()
 
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except (RedisConnectionError, RedisTimeoutError, ReadOnlyError) as exc:
-            raise StoreUnavailable(f"Redis discovery unavailable ({what}): {type(exc).__name__}: {exc}") from exc
-        except RedisError as exc:
-            raise StoreError(f"Redis discovery failed ({what}): {type(exc).__name__}: {exc}") from exc
+    def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return redis_errors(f"Redis discovery ({what})")
 
     def _keys(self, record: PublisherRecord) -> list[str]:
         return [self._key_prefix + record.publisher_id, self._index]
@@ -164,7 +136,4 @@ class RedisDiscovery(Discovery):
         return out
 
     def _close(self) -> None:
-        with self._client_lock:
-            client, self._client = self._client, None
-        if client is not None and client.pid == os.getpid():
-            client.r.close()
+        self._client.close()

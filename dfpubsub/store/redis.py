@@ -25,23 +25,17 @@ again once the server is back. A forked child builds its own client.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import re
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
-from ..errors import AlreadyExists, ConfigError, NotFound, StoreError, StoreUnavailable, VersionConflict
+from ..errors import AlreadyExists, ConfigError, NotFound, VersionConflict
+from ..redis_client import ProcessClient, open_client, redacted, redis_errors
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 
@@ -114,9 +108,8 @@ return out
 
 @dataclass(frozen=True, slots=True)
 class _Client:
-    """A redis-py client and its scripts, valid in process ``pid`` only."""
+    """A redis-py client and its scripts (one per process: see ProcessClient)."""
 
-    pid: int
     r: redis.Redis
     create: Script
     update: Script
@@ -143,56 +136,24 @@ class RedisStore(Store):
         self.url = url
         self.prefix = prefix
         self.timeout = timeout
-        self._where = re.sub(r"//[^@/]*@", "//", url)  # for messages: never show a password
+        self._where = redacted(url)
         self._ns = f"{prefix}:nb:"
         self._rev = self._ns + "rev"
-        self._lock = threading.Lock()
-        self._client: _Client | None = None
-        self._connect()  # validates the URL; connections are opened on first use
+        self._client = ProcessClient(self._new_client, lambda c: c.r.close())
+        self._client.get()  # validates the URL; connections are opened on first use
 
     # -- connection ----------------------------------------------------------------
 
-    def _connect(self) -> _Client:
-        client = self._client
-        if client is not None and client.pid == os.getpid():
-            return client
-        with self._lock:
-            client = self._client
-            if client is not None and client.pid == os.getpid():
-                return client
-            # A parent's client is dropped, not closed: its sockets belong to the parent
-            # (redis-py also refuses to touch a pool across a fork).
-            try:
-                r = redis.Redis.from_url(
-                    self.url,
-                    socket_timeout=self.timeout,
-                    socket_connect_timeout=self.timeout,
-                    retry=Retry(NoBackoff(), 0),  # a failed write may have happened: never resend it
-                    decode_responses=False,
-                )
-            except ValueError as exc:
-                raise ConfigError(f"invalid Redis store URL {self.url!r}: {exc}") from exc
-            client = _Client(
-                os.getpid(),
-                r,
-                r.register_script(_CREATE),
-                r.register_script(_UPDATE),
-                r.register_script(_DELETE),
-                r.register_script(_FETCH),
-            )
-            self._client = client
-            return client
+    def _new_client(self) -> _Client:
+        r = open_client(self.url, self.timeout, "store")
+        return _Client(r, r.register_script(_CREATE), r.register_script(_UPDATE),
+                       r.register_script(_DELETE), r.register_script(_FETCH))
 
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except (RedisConnectionError, RedisTimeoutError, ReadOnlyError) as exc:  # BusyLoadingError included
-            raise StoreUnavailable(
-                f"Redis store at {self._where} unavailable ({what}): {type(exc).__name__}: {exc}"
-            ) from exc
-        except RedisError as exc:
-            raise StoreError(f"Redis store at {self._where} failed ({what}): {type(exc).__name__}: {exc}") from exc
+    def _connect(self) -> _Client:
+        return self._client.get()
+
+    def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return redis_errors(f"Redis store at {self._where} ({what})")
 
     def _obj(self, table: str, key: str) -> str:
         return f"{self._ns}o:{table}:{key}"
@@ -311,7 +272,4 @@ class RedisStore(Store):
         return int(results[0]) if objs else 0
 
     def close(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None and client.pid == os.getpid():
-            client.r.close()
+        self._client.close()

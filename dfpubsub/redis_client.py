@@ -1,0 +1,88 @@
+"""What the Redis store and Redis discovery share: a fork-aware client and the error mapping.
+
+Loaded only by them, so ``import dfpubsub`` does not need redis-py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from .errors import ConfigError, StoreError, StoreUnavailable
+
+__all__ = ["ProcessClient", "open_client", "redis_errors", "redacted"]
+
+T = TypeVar("T")
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages."""
+    return re.sub(r"//[^@/]*@", "//", url)
+
+
+def open_client(url: str, timeout: float, what: str) -> redis.Redis:
+    """A redis-py client for ``url`` with ``timeout`` on every socket and no automatic retries.
+
+    A failed write may have happened, so nothing is ever resent behind the
+    caller's back. ``what`` names the client in a ConfigError for a bad URL.
+    """
+    try:
+        return redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0), decode_responses=False,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"invalid Redis {what} URL {redacted(url)!r}: {exc}") from exc
+
+
+class ProcessClient(Generic[T]):
+    """A client (and whatever is built with it) made by ``factory``, one per process.
+
+    After ``fork()`` the child builds its own on first use; the parent's is
+    dropped, not closed, since its sockets belong to the parent.
+    """
+
+    def __init__(self, factory: Callable[[], T], close: Callable[[T], None]):
+        self._factory = factory
+        self._close = close
+        self._lock = threading.Lock()
+        self._value: tuple[int, T] | None = None
+
+    def get(self) -> T:
+        """This process's client, built on first use."""
+        value = self._value
+        if value is not None and value[0] == os.getpid():
+            return value[1]
+        with self._lock:
+            if self._value is None or self._value[0] != os.getpid():
+                self._value = (os.getpid(), self._factory())
+            return self._value[1]
+
+    def close(self) -> None:
+        """Close this process's client; the next :meth:`get` builds a new one."""
+        with self._lock:
+            value, self._value = self._value, None
+        if value is not None and value[0] == os.getpid():
+            self._close(value[1])
+
+
+@contextmanager
+def redis_errors(where: str) -> Iterator[None]:
+    """Map redis-py errors: a server gone, slow, loading or read-only is StoreUnavailable."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, ReadOnlyError) as exc:  # BusyLoadingError included
+        raise StoreUnavailable(f"{where} unavailable: {type(exc).__name__}: {exc}") from exc
+    except RedisError as exc:
+        raise StoreError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
