@@ -10,7 +10,7 @@ import pytest
 
 from dfpubsub.tools.servers import EtcdServer, RedisServer, free_port
 
-__all__ = ["wait_for", "free_port"]
+__all__ = ["wait_for", "free_port", "undetected"]
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:
@@ -22,6 +22,14 @@ def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or cond}")
         time.sleep(interval)
+
+
+def undetected(delivered, holes, last: int) -> list[int]:
+    """Sequence numbers 1..last neither in ``delivered`` nor inside one of the ``holes``
+    (the (first, last) missing ranges of resync requests): loss nobody noticed."""
+    got = set(delivered)
+    holes = [h for h in holes if h]
+    return [s for s in range(1, last + 1) if s not in got and not any(lo <= s <= hi for lo, hi in holes)]
 
 
 @pytest.fixture(name="wait_for")

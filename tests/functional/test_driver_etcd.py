@@ -19,7 +19,7 @@ from dfpubsub.codec import BatchHeader, encode_batch, pack_event
 from dfpubsub.drivers.etcd_watch import EtcdWatchDriver
 from dfpubsub.metrics import Stats
 from dfpubsub.tools.servers import free_port
-from tests.conftest import wait_for
+from tests.conftest import undetected, wait_for
 
 _n = itertools.count()
 
@@ -75,12 +75,8 @@ def ready(pub, *sinks):
 
 def undetected_losses(sink, pid, sent):
     """Sequence numbers neither delivered nor inside a resync request's missing range, per topic."""
-    out = {}
-    for topic, last in sent.items():
-        got = set(sink.seqs(topic, pid))
-        holes = [g.missing for g in list(sink.gaps) if g.topic == topic and g.missing]
-        out[topic] = [s for s in range(1, last + 1) if s not in got and not any(lo <= s <= hi for lo, hi in holes)]
-    return out
+    return {topic: undetected(sink.seqs(topic, pid), [g.missing for g in list(sink.gaps) if g.topic == topic], last)
+            for topic, last in sent.items()}
 
 
 class RawEtcd:

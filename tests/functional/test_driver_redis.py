@@ -13,7 +13,7 @@ from dfpubsub import ClosedError, ConfigError, Publisher, PublisherOptions, Subs
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event  # noqa: E402
 from dfpubsub.drivers.redis_streams import RedisStreamsDriver  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
+from tests.conftest import undetected, wait_for  # noqa: E402
 
 
 def new_prefix():
@@ -72,12 +72,8 @@ class Sink:
 
     def undetected_losses(self, pid, sent):
         """Sequence numbers neither delivered nor inside a resync request's missing range."""
-        out = {}
-        for topic, last in sent.items():
-            got = set(self.seqs(pid, topic))
-            holes = [g.missing for g in list(self.gaps) if g.topic == topic and g.missing]
-            out[topic] = [s for s in range(1, last + 1) if s not in got and not any(lo <= s <= hi for lo, hi in holes)]
-        return out
+        return {topic: undetected(self.seqs(pid, topic), [g.missing for g in list(self.gaps) if g.topic == topic],
+                                  last) for topic, last in sent.items()}
 
     def close(self):
         self.gate.set()

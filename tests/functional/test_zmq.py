@@ -16,7 +16,7 @@ import zmq
 from dfpubsub import Publisher, PublisherOptions, Subscriber, SubscriberOptions, TransportError, load_driver
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event
 from dfpubsub.metrics import Stats
-from tests.conftest import wait_for
+from tests.conftest import undetected, wait_for
 
 CHILD = Path(__file__).with_name("zmq_child.py")
 
@@ -103,12 +103,9 @@ def child_report(child):
 
 def undetected_losses(report, pid, sent):
     """Sequence numbers neither delivered nor inside a resync request's missing range."""
-    out = {}
-    for topic, last in sent.items():
-        got = set(report["delivered"].get(f"{pid}/{topic}", []))
-        holes = [g["missing"] for g in report["gaps"] if g["topic"] == topic and g["missing"]]
-        out[topic] = [s for s in range(1, last + 1) if s not in got and not any(lo <= s <= hi for lo, hi in holes)]
-    return out
+    return {topic: undetected(report["delivered"].get(f"{pid}/{topic}", []),
+                              [g["missing"] for g in report["gaps"] if g["topic"] == topic], last)
+            for topic, last in sent.items()}
 
 
 def test_loss_from_a_tiny_hwm_and_a_stalled_subscriber_is_detected_and_resynced():
