@@ -12,9 +12,10 @@ import abc
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from .errors import ConfigError
 from .metrics import Stats
 
-__all__ = ["Driver", "PublisherTransport", "SubscriberTransport"]
+__all__ = ["Driver", "IngressTransport", "PublisherTransport", "SubscriberTransport"]
 
 
 class PublisherTransport(abc.ABC):
@@ -85,6 +86,31 @@ class SubscriberTransport(abc.ABC):
         """Stop receiving; a blocked :meth:`recv` returns promptly."""
 
 
+class IngressTransport(abc.ABC):
+    """The publisher service's end of the socket its host's API workers publish into.
+
+    Workers send envelopes their own :class:`~dfpubsub.publisher.Publisher`
+    made (own id, own sequences); the service relays them unchanged, so the
+    gap detection of subscribers covers the hop from worker to service too.
+    """
+
+    @abc.abstractmethod
+    def recv(self, timeout: float) -> list[tuple[str, bytes]]:
+        """``(topic, frame)`` pairs received within ``timeout`` seconds (maybe none).
+
+        Frames that are not ``(topic, envelope)`` are counted and dropped here.
+        """
+
+    @property
+    def uri(self) -> str:
+        """The bound endpoint workers push to."""
+        return ""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Unbind and release the socket (a bound socket file is removed)."""
+
+
 class Driver(abc.ABC):
     """A pub/sub backend: a factory of publisher and subscriber transports.
 
@@ -94,6 +120,8 @@ class Driver(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: Whether forked workers publish through a publisher service (:meth:`worker_publisher`).
+    publisher_service: ClassVar[bool] = False
 
     def __init__(self, url: str | None = None, options: Mapping[str, Any] | None = None):
         self.url = url
@@ -106,3 +134,16 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def subscriber(self, stats: Stats) -> SubscriberTransport:
         """Create a subscriber transport."""
+
+    def worker_publisher(self, stats: Stats, socket_path: str) -> PublisherTransport:
+        """A forked API worker's transport into the host's publisher service at ``socket_path``.
+
+        Only "bind based" drivers, whose publishers own a port, need a
+        publisher service; connect-based ones (brokers) publish directly from
+        every worker, so the default refuses.
+        """
+        raise ConfigError(f"driver {self.name!r} has no publisher service")
+
+    def worker_ingress(self, stats: Stats, socket_path: str) -> IngressTransport:
+        """The publisher service's side of :meth:`worker_publisher`: bind ``socket_path``."""
+        raise ConfigError(f"driver {self.name!r} has no publisher service")

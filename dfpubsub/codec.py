@@ -25,6 +25,7 @@ __all__ = [
     "encode_batch",
     "encode_hello",
     "encode_bye",
+    "hello_chunks",
     "decode",
     "decode_header",
     "decode_events",
@@ -109,6 +110,21 @@ def encode_hello(hello: Hello) -> bytes:
     )
 
 
+def hello_chunks(seqs: dict[str, int], max_message_bytes: int) -> list[dict[str, int]]:
+    """Split the sequences of a hello so that no hello exceeds ``max_message_bytes``.
+
+    Subscribers take each topic of a hello on its own, so several hellos say
+    the same as one.
+    """
+    # A topic costs at most 255 bytes of name and 9 of sequence, plus framing.
+    per_topic = 270
+    room = max(1, (max_message_bytes - 1024) // per_topic)
+    if len(seqs) <= room:
+        return [seqs]
+    items = list(seqs.items())
+    return [dict(items[i:i + room]) for i in range(0, len(items), room)]
+
+
 def encode_bye(bye: Bye) -> bytes:
     """Encode a :class:`Bye` control envelope."""
     return _packb(
@@ -164,7 +180,7 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
         raise _malformed(f"envelope must be a map, got {type(obj).__name__}")
     env = _envelope(obj, data)
     if type(env) is EventBatch:
-        env.events = _events(_field(obj, "events", (list,)), env.topic, env.seq, env.publisher_id)
+        env.events = _events(_field(obj, "events", (list,)), env.topic, env.seq, env.publisher_id, env.sent_at)
         env.count = len(env.events)
         env.frame = b""
     return env
@@ -257,7 +273,7 @@ def _envelope(obj: dict, data: bytes) -> Envelope:
     raise _malformed(f"unknown envelope kind {kind!r}")
 
 
-def _events(raw: list, topic: str, seq: int, pid: str) -> list[Event]:
+def _events(raw: list, topic: str, seq: int, pid: str, sent_at: float) -> list[Event]:
     if not raw:
         raise _malformed("an event envelope needs at least one event")
     events = []
@@ -277,7 +293,7 @@ def _events(raw: list, topic: str, seq: int, pid: str) -> list[Event]:
                 or type(ts) not in (float, int)
             ):
                 raise _malformed(f"bad event at seq {s}")
-            append(Event(topic, table, key, actions[action], version, value, ts, pid, s))
+            append(Event(topic, table, key, actions[action], version, value, ts, pid, s, sent_at))
             s += 1
     except (TypeError, ValueError, KeyError) as exc:
         # Not an array of six, or an unknown or unhashable action.

@@ -24,6 +24,7 @@ __all__ = [
     "CacheSettings",
     "StoreSettings",
     "ControllerSettings",
+    "PublisherServiceSettings",
     "LogSettings",
     "MetricsSettings",
     "DiscoverySettings",
@@ -31,6 +32,7 @@ __all__ = [
     "load_settings",
     "add_config_arguments",
     "settings_from_args",
+    "parse_settings",
 ]
 
 CONFIG_ENV = "DFPUBSUB_CONFIG"
@@ -57,6 +59,13 @@ class PubSubSettings(_Section):
     resync_base_interval: float = Field(0.1, ge=0, description="Least seconds between two resyncs.")
     resync_max_interval: float = Field(5.0, gt=0, description="Most seconds of resync backoff.")
     dead_after_idles: float = Field(3.0, ge=2, description="A publisher silent this many max_idle_times is dead.")
+    multiproc: bool = Field(
+        False, description="Publish through the host's publisher service (forked API workers) instead of binding."
+    )
+    multiproc_socket: str = Field(
+        "/run/dfpubsub/publisher.sock", min_length=1,
+        description="ipc socket of the host's publisher service (workers connect, the service binds).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "PubSubSettings":
@@ -96,6 +105,14 @@ class ControllerSettings(_Section):
     name: str = Field("", description="Name in logs and metrics (default: host name).")
     reconcile_interval: float = Field(0.0, ge=0, description="Seconds between full reconciles (0: only on gaps).")
     discover: bool = Field(False, description="Connect to the publishers listed in the [discovery] table.")
+
+
+class PublisherServiceSettings(_Section):
+    """``[publisher_service]``: df-publisher-service, which relays forked workers' events."""
+
+    announce: bool = Field(True, description="Register the service in the [discovery] table.")
+    advertise_host: str = Field("", description="Host subscribers reach a wildcard-bound endpoint at.")
+    drain_timeout: float = Field(2.0, ge=0, description="Seconds SIGTERM waits for workers' last envelopes.")
 
 
 class LogSettings(_Section):
@@ -142,6 +159,7 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    publisher_service: PublisherServiceSettings = Field(default_factory=PublisherServiceSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
@@ -205,14 +223,11 @@ def load_settings(config_file: str | None = None, overrides: dict[str, Any] | No
     return Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
 
 
+# Every section of Settings gets its flags; a new section needs nothing more.
 _SECTIONS: dict[str, type[_Section]] = {
-    "pubsub": PubSubSettings,
-    "cache": CacheSettings,
-    "store": StoreSettings,
-    "controller": ControllerSettings,
-    "log": LogSettings,
-    "metrics": MetricsSettings,
-    "discovery": DiscoverySettings,
+    name: info.annotation
+    for name, info in Settings.model_fields.items()
+    if isinstance(info.annotation, type) and issubclass(info.annotation, _Section)
 }
 
 
@@ -242,3 +257,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             value = [v.strip() for v in value.split(",") if v.strip()]
         overrides.setdefault(section, {})[name] = value
     return load_settings(args.config, overrides)
+
+
+def parse_settings(prog: str, description: str, argv: list[str] | None = None) -> Settings:
+    """A daemon's command line: ``--config`` and the setting flags. Bad settings print one
+    line (``prog: what is wrong``) and exit with status 2, as argparse does for bad flags."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_config_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return settings_from_args(args)
+    except ConfigError as exc:
+        parser.exit(2, f"{prog}: {exc}\n")

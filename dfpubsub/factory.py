@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Iterable
 
 from .api import Driver
 from .config import PubSubSettings, Settings
+from .errors import ConfigError
 from .metrics import Stats
+from .multiproc import WorkerPublisher
 from .publisher import Publisher, PublisherOptions
 from .registry import load_driver, parse_driver_url
 from .subscriber import EventHandler, ResyncHandler, Subscriber, SubscriberOptions
@@ -46,12 +50,28 @@ def create_driver(settings: Settings) -> Driver:
     return load_driver(settings.pubsub.driver, settings.driver_options(name))
 
 
-def create_publisher(settings: Settings, name: str | None = None) -> Publisher:
-    """A started :class:`Publisher` on the configured driver."""
+def create_publisher(settings: Settings, name: str | None = None) -> Publisher | WorkerPublisher:
+    """The configured publisher: a started :class:`Publisher` bound on the driver, or, with
+    ``pubsub.multiproc``, a fork-safe :class:`WorkerPublisher` into the host's publisher service
+    (each process that publishes gets its own publisher, made at its first event)."""
     driver = create_driver(settings)
     pub_name = name or settings.pubsub.publisher_name
-    stats = Stats("publisher", pub_name or driver.name)
-    return Publisher(driver.publisher(stats), pub_name, publisher_options(settings.pubsub), stats)
+    options = publisher_options(settings.pubsub)
+    if not settings.pubsub.multiproc:
+        stats = Stats("publisher", pub_name or driver.name)
+        return Publisher(driver.publisher(stats), pub_name, options, stats)
+    socket_path = settings.pubsub.multiproc_socket
+    if not driver.publisher_service:
+        # Refused now, in the master, rather than at the first event of every worker.
+        raise ConfigError(f"driver {driver.name!r} has no publisher service: set pubsub.multiproc = false, "
+                          "every worker can publish directly")
+
+    def per_process() -> Publisher:
+        name = f"{pub_name or socket.gethostname()}/worker-{os.getpid()}"
+        stats = Stats("publisher", name)
+        return Publisher(driver.worker_publisher(stats, socket_path), name, options, stats)
+
+    return WorkerPublisher(per_process)
 
 
 def create_subscriber(

@@ -21,9 +21,10 @@ from typing import Any
 import msgpack
 
 from .api import PublisherTransport
-from .codec import DEFAULT_MAX_MESSAGE_BYTES, BatchHeader, encode_batch, encode_bye, encode_hello
+from .codec import DEFAULT_MAX_MESSAGE_BYTES, BatchHeader, encode_batch, encode_bye, encode_hello, hello_chunks
 from .errors import ClosedError, InvalidEvent, PayloadTooLarge, TransportError
 from .events import ACTIONS, CONTROL_TOPIC, Action, Bye, Event, Hello, validate_topic
+from .logs import RateLimitedLog
 from .metrics import Stats
 
 __all__ = ["Publisher", "PublisherOptions"]
@@ -87,6 +88,8 @@ class Publisher:
         self.name = name or f"{socket.gethostname()}:{id(self):x}"
         self.stats = stats or Stats("publisher", self.name)
         self._host = socket.gethostname()
+        # A transport that is down fails every send: one line a second says it.
+        self._send_log = RateLimitedLog(log)
         # A plain Lock (not the RLock a bare Condition makes): "with" on it is C-fast.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -265,7 +268,7 @@ class Publisher:
             self.transport.send(topic, frame)
         except TransportError as exc:
             self.stats.inc("send_errors")
-            log.warning("publish failed; subscribers will resync", extra={"topic": topic, "error": str(exc)})
+            self._send_log.warning("send", "publish failed; subscribers will resync", topic=topic, error=str(exc))
             return False
         finally:
             self._last_send = time.monotonic()
@@ -275,25 +278,12 @@ class Publisher:
         for topic in list(self._batches):
             self._flush_topic(topic)
         sent = True
-        for seqs in self._hello_chunks(list(self._seqs.items())):
+        for seqs in hello_chunks(dict(self._seqs), self.options.max_message_bytes):
             hello = Hello(self.id, self.name, time.time(), seqs, reason, self.options.max_idle_time, self._host)
             sent &= self._send(CONTROL_TOPIC, encode_hello(hello))
         if sent:
             self.stats.inc("hellos_out", reason=reason)
         self._last_hello = time.monotonic()
-
-    def _hello_chunks(self, items: list[tuple[str, int]]) -> list[dict[str, int]]:
-        """Split the sequences so that no hello exceeds max_message_bytes.
-
-        Subscribers take each topic of a hello on its own, so several hellos
-        say the same as one.
-        """
-        # A topic costs at most 255 bytes of name and 9 of sequence, plus framing.
-        per_topic = 270
-        room = max(1, (self.options.max_message_bytes - 1024) // per_topic)
-        if len(items) <= room:
-            return [dict(items)]
-        return [dict(items[i:i + room]) for i in range(0, len(items), room)]
 
     def _idle_hello_due(self, now: float) -> float:
         """When the next idle hello is due (monotonic time)."""

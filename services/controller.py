@@ -11,13 +11,12 @@ cleanly; ``--metrics.port`` serves Prometheus counters.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import socket
 import sys
 
-from dfpubsub.config import add_config_arguments, settings_from_args
+from dfpubsub.config import parse_settings
 from dfpubsub.controller import Controller
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
@@ -49,14 +48,7 @@ class LoggingHandler:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-controller``."""
-    parser = argparse.ArgumentParser(prog="df-controller", description=__doc__.split("\n")[0])
-    add_config_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        settings = settings_from_args(args)
-    except DfPubSubError as exc:
-        print(f"df-controller: {exc}", file=sys.stderr)
-        return 2
+    settings = parse_settings("df-controller", __doc__.split("\n")[0], argv)
     setup_logging(settings.log.level, settings.log.format)
     name = settings.controller.name or socket.gethostname()
     topics = settings.pubsub.topics or settings.store.tables

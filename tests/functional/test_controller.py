@@ -14,52 +14,9 @@ from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
 from tests.conftest import wait_for
+from tests.functional.controller_helpers import TABLES, Node
 
-TABLES = ["port", "network"]
 _prefix = itertools.count()
-
-
-class Mirror:
-    """A table handler that rebuilds the table from the callbacks alone."""
-
-    def __init__(self):
-        self.objects = {}
-        self.lock = threading.Lock()
-
-    def on_create(self, obj):
-        with self.lock:
-            assert obj.key not in self.objects, f"create of a known object {obj.key}"
-            self.objects[obj.key] = obj
-
-    def on_update(self, obj, previous):
-        with self.lock:
-            assert self.objects[obj.key] == previous and obj.version > previous.version
-            self.objects[obj.key] = obj
-
-    def on_delete(self, previous):
-        with self.lock:
-            del self.objects[previous.key]
-
-
-def snapshot(objs):
-    return {(o.table, o.key): (o.version, o.value) for o in objs}
-
-
-class Node:
-    def __init__(self, store, endpoint):
-        self.mirrors = {t: Mirror() for t in TABLES}
-        self.ctrl = Controller(store, load_driver("zmq").subscriber(Stats("s", "s")), TABLES, self.mirrors,
-                               SubscriberOptions(message_delay_window=0.2, max_idle_time=0.5))
-        self.ctrl.connect(endpoint)
-        self.ctrl.start()
-
-    def converged(self, store):
-        try:
-            truth = snapshot(store.list())
-        except StoreUnavailable:
-            return False
-        mirrored = snapshot(o for m in self.mirrors.values() for o in m.objects.values())
-        return snapshot(self.ctrl.cache.items()) == truth == mirrored
 
 
 def make_pub(transport_wrap=None, url="zmq+tcp://127.0.0.1:*"):

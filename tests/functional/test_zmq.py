@@ -6,53 +6,17 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import msgpack
 import pytest
 import zmq
 
-from dfpubsub import Publisher, PublisherOptions, Subscriber, SubscriberOptions, TransportError, load_driver
-from dfpubsub.codec import BatchHeader, encode_batch, pack_event
-from dfpubsub.metrics import Stats
+from dfpubsub import TransportError
 from tests.conftest import undetected, wait_for
+from tests.functional.zmq_helpers import Sink, joined, make_pub, raw_envelope
 
 CHILD = Path(__file__).with_name("zmq_child.py")
-
-
-def make_pub(name="pub", url="zmq+tcp://127.0.0.1:*", options=None, **opts):
-    stats = Stats("publisher", name)
-    transport = load_driver(url, options or {}).publisher(stats)
-    return Publisher(transport, name, PublisherOptions(**{"batch_linger": 0.001, **opts}), stats)
-
-
-class Sink:
-    def __init__(self, topics, endpoints=(), options=None, resync=True, **opts):
-        self.events = []
-        self.resyncs = []
-        self.gaps = []
-        self.lock = threading.Lock()
-        self.stats = Stats("subscriber", "sink")
-        self.sub = Subscriber(
-            load_driver("zmq", options or {}).subscriber(self.stats), topics, self.on_event,
-            self.resyncs.append if resync else None,
-            SubscriberOptions(**{"message_delay_window": 0.2, **opts}), "sink", self.gaps.append, self.stats,
-        )
-        for ep in endpoints:
-            self.sub.connect(ep)
-
-    def on_event(self, e):
-        with self.lock:
-            self.events.append(e)
-
-    def keys(self, topic=None):
-        with self.lock:
-            return [e.key for e in self.events if topic is None or e.topic == topic]
-
-
-def joined(pub, n=1):
-    wait_for(lambda: pub.stats.get("subscribers_joined") >= n, what="subscriber to join")
 
 
 def test_topic_filter_is_exact_despite_zmq_prefix_matching():
@@ -135,10 +99,6 @@ def test_loss_from_a_tiny_hwm_and_a_stalled_subscriber_is_detected_and_resynced(
     assert any(set(r) & {"a", "b"} for r in report["resyncs"][1:])
     for topic, last in sent.items():
         assert len(report["delivered"][f"{pub.id}/{topic}"]) < last  # loss really happened on the wire
-
-
-def raw_envelope(topic, seq, key, version=1):
-    return encode_batch(BatchHeader("raw-pub", "raw", topic), seq, 1.0, [pack_event("t", key, "create", version, None, 0.0)])
 
 
 def test_malformed_frames_are_counted_and_dropped_while_valid_traffic_flows():

@@ -64,6 +64,24 @@ def send_loop(burst: Callable[[int, int], None], seconds: float, rate: float) ->
     return {"sent": i, "elapsed": elapsed, "cpu": (time.process_time() - cpu0) / elapsed}
 
 
+def warm_up(publish: Callable[..., int], warm: MpEvent) -> Callable[[int, int], None]:
+    """Publish warm-up events until the subscriber says one per topic got through (its
+    subscription is live); return the ``burst`` that publishes the measured events."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    while not warm.is_set():
+        for topic in TOPICS:
+            publish(topic, WARM_TABLE, "warm", "update", 1, VALUE, timestamp=time.time())
+        if not warm.wait(0.05) and time.monotonic() > deadline:
+            raise TimeoutError("no warm-up event reached the subscriber")
+    now, n_topics = time.time, len(TOPICS)
+
+    def burst(i: int, n: int) -> None:
+        for j in range(i, i + n):
+            publish(TOPICS[j % n_topics], TABLE, KEYS[j & 1023], "update", j + 1, VALUE, timestamp=now())
+
+    return burst
+
+
 def recv_from(conn: Connection, procs: list[BaseProcess], timeout: float) -> Any:
     """Receive from a child; fail fast if a child died or nothing came in time."""
     ready = wait([conn, *(p.sentinel for p in procs)], timeout)
@@ -114,19 +132,7 @@ def pub_worker(conn: Connection, warm: MpEvent, seconds: float, rate: float, spe
     stats = Stats("publisher", "bench-pub")
     pub = Publisher(load_driver(spec.pub_url, spec.options).publisher(stats), "bench-pub", PublisherOptions(), stats)
     conn.send(pub.transport.uri)
-    deadline = time.monotonic() + CONNECT_TIMEOUT
-    while not warm.is_set():  # the subscription is live: one warm-up event per topic got through
-        for topic in TOPICS:
-            pub.publish(topic, WARM_TABLE, "warm", "update", 1, VALUE, timestamp=time.time())
-        if not warm.wait(0.05) and time.monotonic() > deadline:
-            raise TimeoutError("no warm-up event reached the subscriber")
-    publish, now, n_topics = pub.publish, time.time, len(TOPICS)
-
-    def burst(i: int, n: int) -> None:
-        for j in range(i, i + n):
-            publish(TOPICS[j % n_topics], TABLE, KEYS[j & 1023], "update", j + 1, VALUE, timestamp=now())
-
-    report = send_loop(burst, seconds, rate)
+    report = send_loop(warm_up(pub.publish, warm), seconds, rate)
     pub.flush()
     pub.close()
     conn.send({**report, "id": pub.id, "seqs": pub.sequences(), "stats": stats.snapshot()})

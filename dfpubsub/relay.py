@@ -1,0 +1,187 @@
+"""The publisher service's relay: worker envelopes in, the same bytes out.
+
+Forked API workers each run their own :class:`~dfpubsub.publisher.Publisher`
+(own id, own sequences) and push its envelopes to the host's publisher
+service, which binds the one port subscribers connect to. The relay forwards
+every frame unchanged, so sequence checking stays end to end: a frame lost
+between a worker and the service, in the service, or after it is the same
+hole to a subscriber, repaired the same way.
+
+What the relay adds is the welcome: workers cannot see subscribers join the
+service's socket, so the relay greets each new subscriber with a hello on
+behalf of every live worker, carrying the last sequence it relayed (or a
+worker's hello announced) per topic. It reads only envelope headers; a frame
+that does not decode or claims another topic than it travels on is counted
+and dropped, never relayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .api import IngressTransport, PublisherTransport
+from .codec import decode_header, encode_hello, hello_chunks
+from .errors import DecodeError, TransportError
+from .events import CONTROL_TOPIC, Bye, EventBatch, Hello
+from .logs import RateLimitedLog
+from .metrics import Stats
+
+__all__ = ["Relay", "RelayOptions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RelayOptions:
+    """Tuning of a :class:`Relay` (from ``[pubsub]``)."""
+
+    max_idle_time: float = 5.0
+    dead_after_idles: float = 3.0
+    max_message_bytes: int = 1 << 20
+
+
+@dataclass(slots=True)
+class _Worker:
+    name: str
+    host: str
+    max_idle: float
+    last_seen: float
+    seqs: dict[str, int] = field(default_factory=dict)
+
+
+class Relay:
+    """Relays ``ingress`` to ``egress``. Not thread-safe: one thread calls :meth:`step`.
+
+    ``id``, ``name``, ``transport`` and :meth:`sequences` make it announceable
+    in discovery like a publisher (the row lists the service's tcp endpoint).
+    """
+
+    def __init__(
+        self,
+        ingress: IngressTransport,
+        egress: PublisherTransport,
+        name: str,
+        options: RelayOptions | None = None,
+        stats: Stats | None = None,
+    ):
+        self.ingress = ingress
+        self.transport = egress
+        self.name = name
+        self.id = uuid.uuid4().hex
+        self.options = options or RelayOptions()
+        self.stats = stats or Stats("relay", name)
+        self._workers: dict[str, _Worker] = {}
+        self._topics: dict[str, int] = {}
+        self._log = RateLimitedLog(log)
+        self._next_forget = 0.0
+
+    def sequences(self) -> dict[str, int]:
+        """Topics relayed so far (values: envelopes relayed); safe from any thread."""
+        return dict(self._topics)
+
+    def workers(self) -> dict[str, str]:
+        """Live workers: publisher id -> name."""
+        return {pid: w.name for pid, w in self._workers.items()}
+
+    def step(self, timeout: float) -> int:
+        """Relay what arrives within ``timeout`` seconds, greet new subscribers; return frames relayed."""
+        try:
+            frames = self.ingress.recv(timeout)
+        except TransportError as exc:
+            self._log.warning("recv", "receiving from workers failed", error=str(exc))
+            frames = []
+        now = time.monotonic()
+        relayed = 0
+        for topic, frame in frames:
+            if self._track(topic, frame, now) and self._send(topic, frame):
+                relayed += 1
+        if relayed:
+            self.stats.inc("envelopes_relayed", relayed)
+        self._welcome()
+        self._forget(now)
+        return relayed
+
+    def run(self, stop: threading.Event, drain_timeout: float = 2.0) -> None:
+        """Relay until ``stop`` is set, then drain what workers already sent (up to ``drain_timeout``)."""
+        while not stop.is_set():
+            self.step(0.1)
+        deadline = time.monotonic() + drain_timeout
+        while time.monotonic() < deadline and self.step(0.05):
+            pass
+
+    # -- internals ---------------------------------------------------------------
+
+    def _track(self, topic: str, frame: bytes, now: float) -> bool:
+        """Learn from the frame's header; False if it must not be relayed."""
+        try:
+            env = decode_header(frame, self.options.max_message_bytes)
+        except DecodeError as exc:
+            self.stats.inc("decode_errors", reason=exc.reason)
+            self._log.warning("decode", "dropped an undecodable frame from a worker", reason=exc.reason)
+            return False
+        kind = type(env)
+        expected = env.topic if kind is EventBatch else CONTROL_TOPIC
+        if topic != expected:
+            self.stats.inc("drops", reason="topic_mismatch")
+            return False
+        worker = self._workers.get(env.publisher_id)
+        if kind is Bye:
+            self._workers.pop(env.publisher_id, None)
+            return True
+        if worker is None:
+            worker = self._workers[env.publisher_id] = _Worker(
+                env.publisher_name, "", self.options.max_idle_time, now
+            )
+            self.stats.inc("workers_seen")
+        worker.last_seen = now
+        if kind is EventBatch:
+            worker.seqs[topic] = env.seq + env.count - 1
+            self._topics[topic] = self._topics.get(topic, 0) + 1
+        elif kind is Hello:
+            assert isinstance(env, Hello)
+            worker.host = env.host
+            if env.max_idle_time > 0:
+                worker.max_idle = env.max_idle_time
+            for t, seq in env.seqs.items():
+                if seq > worker.seqs.get(t, 0):
+                    worker.seqs[t] = seq
+        return True
+
+    def _send(self, topic: str, frame: bytes) -> bool:
+        try:
+            self.transport.send(topic, frame)
+        except TransportError as exc:
+            self.stats.inc("drops", reason="send_failed")
+            self._log.warning("send", "relaying failed; subscribers will resync", topic=topic, error=str(exc))
+            return False
+        return True
+
+    def _welcome(self) -> None:
+        try:
+            joined = self.transport.new_subscribers()
+        except TransportError:
+            return
+        if not joined:
+            return
+        self.stats.inc("subscribers_joined", joined)
+        now = time.time()
+        for pid, w in list(self._workers.items()):
+            for seqs in hello_chunks(dict(w.seqs), self.options.max_message_bytes):
+                hello = Hello(pid, w.name, now, seqs, "welcome", w.max_idle, w.host)
+                if self._send(CONTROL_TOPIC, encode_hello(hello)):
+                    self.stats.inc("hellos_out", reason="welcome")
+
+    def _forget(self, now: float) -> None:
+        """Drop workers silent so long that subscribers count them dead: no welcome for them."""
+        if now < self._next_forget:
+            return
+        self._next_forget = now + 1.0
+        stale = [pid for pid, w in self._workers.items()
+                 if now - w.last_seen > w.max_idle * self.options.dead_after_idles]
+        for pid in stale:
+            del self._workers[pid]
+            self.stats.inc("workers_forgotten")

@@ -1,0 +1,78 @@
+"""Options of the ``zmq`` driver and the socket settings every socket shares."""
+
+from __future__ import annotations
+
+import zmq
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dfpubsub.codec import topic_frame
+from dfpubsub.events import CONTROL_TOPIC
+from dfpubsub.metrics import Stats
+
+__all__ = ["ZmqOptions", "CONTROL_SUBSCRIBE", "SCHEMES", "common_options", "recv_messages"]
+
+#: What an XPUB reads when a subscriber subscribes to the control topic: a subscriber joined.
+CONTROL_SUBSCRIBE = b"\x01" + topic_frame(CONTROL_TOPIC)
+SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+class ZmqOptions(BaseModel):
+    """Options of the ``zmq`` driver (config table ``[driver.zmq]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    publishers: list[str] = Field(default_factory=list, description="Endpoints a subscriber connects to at start.")
+    sndhwm: int = Field(10_000, ge=1, description="Envelopes queued per subscriber before the publisher drops.")
+    rcvhwm: int = Field(10_000, ge=1, description="Envelopes queued in a subscriber before ZeroMQ drops.")
+    heartbeat_ivl: float = Field(1.0, ge=0, description="ZMTP heartbeat interval, seconds (0 disables).")
+    heartbeat_timeout: float = Field(3.0, ge=0, description="Drop a peer silent this long, seconds.")
+    linger: float = Field(1.0, ge=0, description="How long close() waits to send queued messages, seconds.")
+    recv_batch: int = Field(256, ge=1, description="Most envelopes one recv() call returns.")
+    worker_hwm: int = Field(
+        10_000, ge=1, description="Envelopes a forked worker buffers while the publisher service is away; then drops."
+    )
+    ipc_mode: int = Field(0o660, ge=0, le=0o777, description="Permissions of a bound ipc socket file.")
+    curve_secret_key: str | None = Field(None, description="Publisher: Z85 CURVE secret key; enables encryption.")
+    curve_server_key: str | None = Field(None, description="Subscriber: the publishers' Z85 CURVE public key.")
+    curve_client_secret_key: str | None = Field(
+        None, description="Subscriber: own Z85 CURVE secret key (a fresh one if unset)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "ZmqOptions":
+        if self.heartbeat_ivl and self.heartbeat_timeout <= self.heartbeat_ivl:
+            raise ValueError("heartbeat_timeout must be longer than heartbeat_ivl")
+        for name in ("curve_secret_key", "curve_server_key", "curve_client_secret_key"):
+            key = getattr(self, name)
+            if key is not None and len(key) != 40:
+                raise ValueError(f"{name} must be a 40-character Z85 key")
+        return self
+
+
+def common_options(sock: zmq.Socket, opts: ZmqOptions) -> None:
+    """Linger and ZMTP heartbeats, as the options say."""
+    sock.setsockopt(zmq.LINGER, int(opts.linger * 1000))
+    if opts.heartbeat_ivl:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(opts.heartbeat_ivl * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(opts.heartbeat_timeout * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TTL, int(opts.heartbeat_timeout * 1000))
+
+
+def recv_messages(sock: zmq.Socket, limit: int, stats: Stats) -> list[tuple[bytes, bytes]]:
+    """Up to ``limit`` waiting ``(topic + NUL, envelope)`` messages, without blocking.
+
+    Anything else (a peer speaking another framing) is counted as
+    ``decode_errors{reason="bad_frames"}`` and dropped.
+    """
+    out: list[tuple[bytes, bytes]] = []
+    recv_multipart = sock.recv_multipart
+    for _ in range(limit):
+        try:
+            frames = recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        if len(frames) != 2 or not frames[0].endswith(b"\x00"):
+            stats.inc("decode_errors", reason="bad_frames")
+            continue
+        out.append((frames[0], frames[1]))
+    return out

@@ -1,0 +1,157 @@
+"""The subscriber side: one SUB socket connected to any number of publishers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import zmq
+
+from dfpubsub.api import SubscriberTransport
+from dfpubsub.codec import topic_frame
+from dfpubsub.errors import ClosedError, ConfigError, TransportError
+from dfpubsub.metrics import Stats
+
+from .options import SCHEMES, ZmqOptions, common_options, recv_messages
+
+__all__ = ["ZmqSubscriber"]
+
+log = logging.getLogger("dfpubsub.drivers.zeromq")
+
+
+class ZmqSubscriber(SubscriberTransport):
+    """SUB socket owned by the receive thread; other threads queue commands and wake it."""
+
+    def __init__(self, opts: ZmqOptions, stats: Stats, endpoints: list[str]):
+        self.opts = opts
+        self.stats = stats
+        ctx = zmq.Context.instance()
+        self.sock = ctx.socket(zmq.SUB)
+        common_options(self.sock, opts)
+        self.sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
+        if opts.curve_server_key:
+            secret = (opts.curve_client_secret_key or zmq.curve_keypair()[1].decode()).encode()
+            self.sock.curve_serverkey = opts.curve_server_key.encode()
+            self.sock.curve_secretkey = secret
+            self.sock.curve_publickey = zmq.curve_public(secret)
+        wake_addr = f"inproc://dfpubsub-wake-{id(self):x}"
+        self._wake_rx = ctx.socket(zmq.PAIR)
+        self._wake_rx.bind(wake_addr)
+        self._wake_tx = ctx.socket(zmq.PAIR)
+        self._wake_tx.connect(wake_addr)
+        self._wake_lock = threading.Lock()
+        self._recv_lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self._wake_rx, zmq.POLLIN)
+        self._commands: deque[Callable[[], None]] = deque()
+        self._accepted: frozenset[bytes] = frozenset()
+        self.endpoints: set[str] = set()
+        self._closed = False
+        self._closing = False
+        for ep in endpoints:
+            self.connect(ep)
+
+    # Commands run on the receive thread, inside recv().
+    def _command(self, fn: Callable[[], None]) -> None:
+        if self._closing:
+            raise ClosedError("zmq subscriber is closed")
+        self._commands.append(fn)
+        with self._wake_lock:
+            if not self._closed:
+                self._wake_tx.send(b"", zmq.NOBLOCK)
+
+    def subscribe(self, topic: str) -> None:
+        tf = topic_frame(topic)
+        self._accepted = self._accepted | {tf}
+        self._command(lambda: self.sock.setsockopt(zmq.SUBSCRIBE, tf))
+
+    def unsubscribe(self, topic: str) -> None:
+        tf = topic_frame(topic)
+        self._accepted = self._accepted - {tf}
+        self._command(lambda: self.sock.setsockopt(zmq.UNSUBSCRIBE, tf))
+
+    def connect(self, uri: str) -> None:
+        if not uri.startswith(SCHEMES):
+            raise ConfigError(f"zmq endpoint must start with one of {SCHEMES}, got {uri!r}")
+
+        def run() -> None:
+            if uri not in self.endpoints:
+                try:
+                    self.sock.connect(uri)
+                except zmq.ZMQError as exc:
+                    self.stats.inc("drops", reason="bad_endpoint")
+                    raise TransportError(f"cannot connect to {uri}: {exc}") from exc
+                self.endpoints.add(uri)
+
+        self._command(run)
+
+    def disconnect(self, uri: str) -> None:
+        def run() -> None:
+            if uri in self.endpoints:
+                self.endpoints.discard(uri)
+                try:
+                    self.sock.disconnect(uri)
+                except zmq.ZMQError:
+                    pass  # already gone: nothing to undo
+
+        self._command(run)
+
+    def _run_commands(self) -> None:
+        while self._commands:
+            try:
+                self._commands.popleft()()
+            except TransportError as exc:
+                # A bad endpoint must not stop the subscriber; it is counted and logged.
+                log.warning("zmq command failed", extra={"error": str(exc)})
+
+    def recv(self, timeout: float) -> list[bytes]:
+        with self._recv_lock:
+            if self._closing:
+                self._shutdown()
+                raise ClosedError("zmq subscriber is closed")
+            self._run_commands()
+            ready = dict(self._poller.poll(int(timeout * 1000)))
+            if self._wake_rx in ready:
+                try:
+                    while True:
+                        self._wake_rx.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+                if self._closing:
+                    self._shutdown()
+                    raise ClosedError("zmq subscriber is closed")
+                self._run_commands()
+            if self.sock not in ready:
+                return []
+            return self._drain()
+
+    def _drain(self) -> list[bytes]:
+        accepted = self._accepted
+        out: list[bytes] = []
+        for topic, frame in recv_messages(self.sock, self.opts.recv_batch, self.stats):
+            if topic not in accepted:  # in flight when its topic was unsubscribed
+                self.stats.inc("drops", reason="foreign_topic")
+                continue
+            out.append(frame)
+        return out
+
+    def _shutdown(self) -> None:
+        if not self._closed:
+            with self._wake_lock:
+                self._closed = True
+                self.sock.close(0)
+                self._wake_rx.close(0)
+                self._wake_tx.close(0)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        with self._wake_lock:
+            if not self._closed:
+                self._wake_tx.send(b"", zmq.NOBLOCK)
+        with self._recv_lock:  # a recv in progress sees the flag and shuts down itself
+            self._shutdown()

@@ -1,0 +1,80 @@
+"""df-publisher-service: one per API host, the port subscribers connect to for forked workers.
+
+Pre-fork API servers run many worker processes, but a "bind based" transport
+(ZeroMQ tcp) gives a host one port. The service binds that port
+(``pubsub.driver``) and an ipc socket (``pubsub.multiproc_socket``, mode
+``[driver.zmq] ipc_mode``, 0660 by default; a stale file from a crash is
+removed, a live one refused) that workers configured with
+``pubsub.multiproc = true`` push their envelopes into. It relays them byte
+for byte (:mod:`dfpubsub.relay`), greets new subscribers with hellos on the
+workers' behalf, and registers itself in the discovery table under a lease.
+
+SIGTERM: stop taking new work, relay what workers already sent (up to
+``publisher_service.drain_timeout``), unregister, flush to subscribers and
+exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import threading
+
+from dfpubsub.config import parse_settings
+from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
+from dfpubsub.errors import DfPubSubError
+from dfpubsub.factory import create_driver
+from dfpubsub.logs import setup_logging
+from dfpubsub.metrics import Stats, start_metrics_server
+from dfpubsub.relay import Relay, RelayOptions
+
+log = logging.getLogger("df-publisher-service")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``df-publisher-service``."""
+    settings = parse_settings("df-publisher-service", __doc__.split("\n")[0], argv)
+    setup_logging(settings.log.level, settings.log.format)
+    ps = settings.pubsub
+    name = ps.publisher_name or f"{socket.gethostname()}/publisher-service"
+    stats = Stats("publisher_service", name)
+    ingress = egress = announcer = discovery = None
+    try:
+        driver = create_driver(settings)
+        if not driver.publisher_service:
+            raise DfPubSubError(f"driver {driver.name!r} needs no publisher service: workers publish directly")
+        egress = driver.publisher(stats)
+        ingress = driver.worker_ingress(stats, ps.multiproc_socket)
+        relay = Relay(ingress, egress, name, RelayOptions(ps.max_idle_time, ps.dead_after_idles,
+                                                          ps.max_message_bytes), stats)
+        if settings.publisher_service.announce:
+            discovery = discovery_from_settings(settings)
+            announcer = PublisherAnnouncer(discovery, relay,  # type: ignore[arg-type]
+                                           advertise_host=settings.publisher_service.advertise_host or None)
+    except DfPubSubError as exc:
+        log.error("cannot start", extra={"error": str(exc)})
+        for closable in (announcer, discovery, ingress, egress):
+            if closable is not None:
+                closable.close()
+        return 1
+    start_metrics_server(settings.metrics.port, settings.metrics.addr)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("publisher service starting", extra={"service": name, "workers": ingress.uri, "subscribers": egress.uri,
+                                                  "id": relay.id})
+    relay.run(stop, settings.publisher_service.drain_timeout)
+    log.info("publisher service stopping", extra={"service": name, "relayed": stats.get("envelopes_relayed")})
+    if announcer is not None:
+        announcer.close()
+    if discovery is not None:
+        discovery.close()
+    ingress.close()
+    egress.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
