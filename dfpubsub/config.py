@@ -24,7 +24,9 @@ __all__ = [
     "CacheSettings",
     "StoreSettings",
     "ControllerSettings",
+    "ArchiveSettings",
     "PublisherServiceSettings",
+    "NotifySettings",
     "LogSettings",
     "MetricsSettings",
     "DiscoverySettings",
@@ -105,6 +107,21 @@ class ControllerSettings(_Section):
     name: str = Field("", description="Name in logs and metrics (default: host name).")
     reconcile_interval: float = Field(0.0, ge=0, description="Seconds between full reconciles (0: only on gaps).")
     discover: bool = Field(False, description="Connect to the publishers listed in the [discovery] table.")
+    bootstrap: str = Field(
+        "", description="Snapshot root (df-pipeline compact) to full-sync from, then catch up from the store; "
+        "empty: list the whole store.",
+    )
+
+
+class ArchiveSettings(_Section):
+    """``[archive]``: df-archiver, which writes the event log (docs/pipeline.md)."""
+
+    path: str = Field("/var/lib/dfpubsub/archive", min_length=1, description="Root of the event log.")
+    segment_max_bytes: int = Field(32 << 20, ge=1024, description="A segment rolls when its rows reach this size.")
+    segment_max_age: float = Field(60.0, gt=0, description="A segment rolls this many seconds after its first row.")
+    fsync: bool = Field(True, description="fsync segments and journals as they are published.")
+    name: str = Field("", description="Name in logs and metrics (default: host name).")
+    discover: bool = Field(False, description="Connect to the publishers listed in the [discovery] table.")
 
 
 class PublisherServiceSettings(_Section):
@@ -113,6 +130,30 @@ class PublisherServiceSettings(_Section):
     announce: bool = Field(True, description="Register the service in the [discovery] table.")
     advertise_host: str = Field("", description="Host subscribers reach a wildcard-bound endpoint at.")
     drain_timeout: float = Field(2.0, ge=0, description="Seconds SIGTERM waits for workers' last envelopes.")
+
+
+class NotifySettings(_Section):
+    """``[notify]``: persistent notifications (writers' queues and the df-notify workers)."""
+
+    url: str = Field("", description="Queue backend URL, like store.url; empty: the store's URL.")
+    enabled: bool = Field(False, description="Writers through NbApi enqueue notifications for matching topics.")
+    default_shards: int = Field(11, ge=1, le=1024, description="Shards of a new topic (existing topics keep theirs).")
+    renew_interval: float = Field(30.0, gt=0, description="df-notify: seconds between lease renewals (walks).")
+    lease: float = Field(90.0, gt=0, description="df-notify: seconds after which another worker takes a shard.")
+    poll_interval: float = Field(0.2, gt=0, description="df-notify: seconds an empty shard waits before listing again.")
+    batch_size: int = Field(100, ge=1, description="df-notify: entries listed and delivered per round.")
+    max_inflight: int = Field(64, ge=1, description="df-notify: endpoint sends in flight at once, all topics.")
+    bridge: bool = Field(False, description="df-notify: enqueue events arriving over pub/sub (writers not on NbApi).")
+    worker_id: str = Field("", description="df-notify: lease owner name (default: host:pid).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "NotifySettings":
+        if self.renew_interval > self.lease / 3:
+            raise ValueError(
+                f"notify.renew_interval ({self.renew_interval:g} s) must be at most notify.lease / 3 "
+                f"({self.lease / 3:g} s), so that an owner survives two late renewals"
+            )
+        return self
 
 
 class LogSettings(_Section):
@@ -159,7 +200,9 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     publisher_service: PublisherServiceSettings = Field(default_factory=PublisherServiceSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
     log: LogSettings = Field(default_factory=LogSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)

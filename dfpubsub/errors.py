@@ -24,6 +24,18 @@ __all__ = [
     "InvalidValue",
     "ValueTooLarge",
     "StoreUnavailable",
+    "QueueError",
+    "QueueNotFound",
+    "QueueFull",
+    "ReservationNotFound",
+    "TopicNotFound",
+    "NotificationDecodeError",
+    "EndpointError",
+    "EndpointRejected",
+    "EndpointConfigError",
+    "InputError",
+    "ArchiveError",
+    "PipelineError",
 ]
 
 
@@ -65,6 +77,10 @@ class DecodeError(ProtocolError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class NotificationDecodeError(DecodeError):
+    """A queued notification record could not be decoded (same reasons as :class:`DecodeError`)."""
 
 
 class InvalidEvent(DfPubSubError, ValueError):
@@ -114,3 +130,70 @@ class ValueTooLarge(InvalidValue):
 
 class StoreUnavailable(StoreError, TransportError):
     """The store's server cannot be reached (the write may or may not have happened)."""
+
+
+class QueueError(StoreError):
+    """Base class of persistent notification queue errors (docs/queues.md)."""
+
+
+class QueueNotFound(QueueError, LookupError):
+    """No queue of that name in the registry of queues."""
+
+
+class QueueFull(QueueError):
+    """No room in a queue for a reservation or a larger-than-reserved entry: back pressure.
+
+    Ceph answers such a write with 503 Slow Down; ``queue`` names the shard.
+    """
+
+    def __init__(self, queue: str, detail: str = ""):
+        self.queue = queue
+        super().__init__(f"queue {queue} is full" + (f": {detail}" if detail else ""))
+
+
+class ReservationNotFound(QueueError, LookupError):
+    """commit() of a reservation that is unknown, already committed or aborted, or expired."""
+
+
+class TopicNotFound(StoreError, LookupError):
+    """No notification topic of that name."""
+
+
+class InputError(DfPubSubError, ValueError):
+    """Input handed to a tool is malformed (bad JSON, wrong shape); the message says where."""
+
+
+class EndpointError(TransportError):
+    """A notification endpoint did not acknowledge a batch; retrying may succeed.
+
+    Connection refused or lost, timeouts, HTTP 5xx/408/429, a broker's nack or an
+    unroutable message. ``acked`` counts the leading notifications of the batch
+    that were acknowledged before the failure (delivery is at least once, so
+    resending them is allowed, only wasteful).
+    """
+
+    def __init__(self, message: str, acked: int = 0, status: int | None = None):
+        self.acked = acked
+        self.status = status
+        super().__init__(message)
+
+
+class EndpointRejected(DfPubSubError):
+    """A notification endpoint refused a batch for good (HTTP 4xx, a bad URL...): do not retry as is."""
+
+    def __init__(self, message: str, acked: int = 0, status: int | None = None):
+        self.acked = acked
+        self.status = status
+        super().__init__(message)
+
+
+class EndpointConfigError(EndpointRejected, ConfigError):
+    """An endpoint URL or option is invalid; no notification can ever be sent with it."""
+
+
+class ArchiveError(DfPubSubError):
+    """The event log (docs/pipeline.md) cannot be written or read: bad root, full disk, corrupt segment."""
+
+
+class PipelineError(DfPubSubError):
+    """A data pipeline job cannot run: missing input or snapshot, a bad argument, pyspark absent."""

@@ -36,19 +36,31 @@ COUNTERS: dict[str, str] = {
     "handler_errors": "Event handlers that raised.",
     "send_errors": "Transport send failures.",
     "subscribers_joined": "Subscribers a publisher saw join (where the transport tells).",
+    "events_archived": "Events written to the event log (df-archiver).",
+    "segments_published": "Parquet segments published to the event log.",
+    "segment_bytes": "Bytes of the Parquet segments published.",
+    "journals_recovered": "Journals a crashed archiver left, published at start.",
+    "notifications_enqueued": "Persistent notifications a writer committed to their queues.",
+    "notifications_refused": "Writes refused because a notification queue was full (QueueFull), by topic.",
+    "notifications_lost": "Writes that stand but whose notification could not be committed, by reason.",
 }
 
 
 class Stats:
     """Named counters of one component, optionally split by a ``reason`` label."""
 
-    __slots__ = ("role", "name", "counts", "__weakref__")
+    __slots__ = ("role", "name", "counts", "levels", "__weakref__")
 
     def __init__(self, role: str, name: str):
         self.role = role
         self.name = name
         self.counts: dict[tuple[str, str], int] = {}
+        self.levels: dict[str, float] = {}
         _live.add(self)
+
+    def set(self, gauge: str, value: float) -> None:
+        """Set a gauge (exported as ``dfpubsub_<gauge>``)."""
+        self.levels[gauge] = value
 
     def inc(self, counter: str, n: int = 1, reason: str = "") -> None:
         """Add ``n`` to ``counter`` (with an optional ``reason`` label)."""
@@ -68,10 +80,17 @@ class Stats:
 
 class _Collector:
     def collect(self) -> Iterator[object]:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         families: dict[str, CounterMetricFamily] = {}
+        gauges: dict[str, GaugeMetricFamily] = {}
         for stats in list(_live):
+            for gauge, level in list(stats.levels.items()):
+                gfam = gauges.get(gauge)
+                if gfam is None:
+                    gfam = gauges[gauge] = GaugeMetricFamily(f"dfpubsub_{gauge}", GAUGES.get(gauge, gauge),
+                                                             labels=["role", "name"])
+                gfam.add_metric([stats.role, stats.name], level)
             for (counter, reason), value in list(stats.counts.items()):
                 fam = families.get(counter)
                 if fam is None:
@@ -81,6 +100,7 @@ class _Collector:
                     )
                 fam.add_metric([stats.role, stats.name, reason], value)
         yield from families.values()
+        yield from gauges.values()
 
 
 def register_collector() -> None:

@@ -7,6 +7,12 @@ sequence and resync. A process that dies between the write and the publish
 sends no event at all; the optional periodic reconcile of the controllers
 covers that window (docs/store.md).
 
+With a :class:`~dfpubsub.notify.producer.Notifier`, a write that persistent
+notification topics want reserves room in their queues first (a full queue
+fails the write with :class:`~dfpubsub.errors.QueueFull`, the store
+untouched), and commits the notifications once the store assigned the
+version; a failed store write aborts them (docs/notifications.md).
+
 :class:`NbApi` is synchronous, for forked web workers; :class:`AsyncNbApi`
 is the same for asyncio daemons.
 """
@@ -14,13 +20,17 @@ is the same for asyncio daemons.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .config import Settings
 from .events import Action, VersionedObject
 from .factory import create_publisher
 from .publisher import Publisher
 from .store import Store, open_store
+
+if TYPE_CHECKING:
+    from .notify.producer import Notifier
 
 __all__ = ["NbApi", "AsyncNbApi", "open_store_from_settings"]
 
@@ -35,17 +45,28 @@ def open_store_from_settings(settings: Settings) -> Store:
 
 
 class NbApi:
-    """Northbound API: store writes that publish. ``publisher`` None writes without publishing."""
+    """Northbound API: store writes that publish. ``publisher`` None writes without publishing;
+    ``notifier`` None enqueues no persistent notifications."""
 
-    def __init__(self, store: Store, publisher: Publisher | None = None):
+    def __init__(self, store: Store, publisher: Publisher | None = None, notifier: "Notifier | None" = None):
         self.store = store
         self.publisher = publisher
+        self.notifier = notifier
 
     @classmethod
     def from_settings(cls, settings: Settings, publish: bool = True) -> "NbApi":
-        """Open the configured store and, if ``publish``, a publisher on the configured driver."""
+        """Open the configured store and, if ``publish``, a publisher on the configured driver;
+        with ``[notify] enabled``, a notifier on the configured queues."""
         store = open_store_from_settings(settings)
-        return cls(store, create_publisher(settings) if publish else None)
+        notifier = None
+        if settings.notify.enabled:
+            from .notify.producer import Notifier
+            from .notify.wiring import queues_from_settings, registry_from_settings
+
+            queues = queues_from_settings(settings)
+            notifier = Notifier(registry_from_settings(settings, queues), queues,
+                                publisher=settings.pubsub.publisher_name, close_queues=True)
+        return cls(store, create_publisher(settings) if publish else None, notifier)
 
     def get(self, table: str, key: str) -> VersionedObject | None:
         """See :meth:`Store.get`."""
@@ -56,21 +77,47 @@ class NbApi:
         return self.store.list(table, topic)
 
     def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
-        """Create and publish; raises the store's typed errors (nothing is published then)."""
-        obj = self.store.create(table, key, value, topic)
+        """Create and publish; raises the store's typed errors, or QueueFull (nothing is
+        written nor published then)."""
+        if self.notifier is None:
+            obj = self.store.create(table, key, value, topic)
+        else:
+            obj = self._notified(Action.CREATE, table, key, value, lambda: self.store.create(table, key, value, topic))
         self._publish(Action.CREATE, obj)
         return obj
 
     def update(self, table: str, key: str, value: Any, expected_version: int | None = None) -> VersionedObject:
         """Update and publish. An object's topic is fixed: to move it, delete and create it."""
-        obj = self.store.update(table, key, value, expected_version)
+        if self.notifier is None:
+            obj = self.store.update(table, key, value, expected_version)
+        else:
+            obj = self._notified(Action.UPDATE, table, key, value,
+                                 lambda: self.store.update(table, key, value, expected_version))
         self._publish(Action.UPDATE, obj)
         return obj
 
     def delete(self, table: str, key: str, expected_version: int | None = None) -> VersionedObject:
         """Delete and publish (the event carries the deletion's version)."""
-        obj = self.store.delete(table, key, expected_version)
+        if self.notifier is None:
+            obj = self.store.delete(table, key, expected_version)
+        else:
+            obj = self._notified(Action.DELETE, table, key, None,
+                                 lambda: self.store.delete(table, key, expected_version))
         self._publish(Action.DELETE, obj)
+        return obj
+
+    def _notified(self, action: Action, table: str, key: str, value: Any,
+                  write: Callable[[], VersionedObject]) -> VersionedObject:
+        """Reserve the notifications, write, then commit them; abort on any exception."""
+        notifier = self.notifier
+        assert notifier is not None
+        pending = notifier.prepare(table, key, action.value, value)
+        try:
+            obj = write()
+        except BaseException:
+            notifier.abort(pending)
+            raise
+        notifier.commit(pending, obj)
         return obj
 
     def _publish(self, action: Action, obj: VersionedObject) -> None:
@@ -78,9 +125,11 @@ class NbApi:
             self.publisher.publish(obj.topic, obj.table, obj.key, action, obj.version, obj.value)
 
     def close(self) -> None:
-        """Close the publisher (flush, bye) and the store."""
+        """Close the publisher (flush, bye), the notifier (its unused reservations) and the store."""
         if self.publisher is not None:
             self.publisher.close()
+        if self.notifier is not None:
+            self.notifier.close()
         self.store.close()
 
     def __enter__(self) -> "NbApi":

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from ..errors import StoreUnavailable
+from ..sqlite_client import connect_sqlite
 from .api import Discovery, PublisherRecord
 
 __all__ = ["SqliteDiscovery"]
@@ -62,16 +63,8 @@ class SqliteDiscovery(Discovery):
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
-        try:
-            if self.path != ":memory:":
-                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            # The busy timeout bounds the wait for the write lock: a renewal must not hang past its tick.
-            conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreUnavailable(f"cannot open SQLite discovery {self.path}: {exc}") from exc
+        # The busy timeout bounds the wait for the write lock: a renewal must not hang past its tick.
+        conn = connect_sqlite(self.path, _SCHEMA, "discovery", timeout=self.timeout)
         self._conn, self._pid = conn, os.getpid()
         return conn
 

@@ -29,6 +29,7 @@ import msgpack
 
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
+from dfpubsub.notify.producer import Notifier
 from dfpubsub.publisher import Publisher
 from dfpubsub.registry import load_driver
 from dfpubsub.store import Store
@@ -39,9 +40,11 @@ VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.
          "admin_state_up": True, "mtu": 1500, "description": "x" * 80}
 
 
-def nbapi_rate(store: Store, writes: int, keys: int) -> float:
+def nbapi_rate(store: Store, writes: int, keys: int, notifier: Notifier | None = None) -> float:
+    """Updates per second through NbApi (publishing on ZeroMQ, and notifying with ``notifier``)."""
     stats = Stats("publisher", "bench")
-    api = NbApi(store, Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "bench", stats=stats))
+    api = NbApi(store, Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "bench", stats=stats),
+                notifier)
     t0 = time.perf_counter()
     for i in range(writes):
         api.update("port", f"port-{i % keys:04d}", {**VALUE, "i": i})

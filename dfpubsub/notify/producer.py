@@ -1,0 +1,399 @@
+"""The writer side of persistent notifications: reserve before the store write, commit after.
+
+:class:`Notifier` does, for one change, what Ceph's RGW does around an object
+write (docs/notifications.md):
+
+1. :meth:`Notifier.prepare` finds the persistent topics whose configurations
+   match the change (from the registry's cached snapshot), builds each
+   notification, and reserves room for it on the shard its key hashes to. The
+   version is not known yet, so the reservation is sized for the notification
+   encoded with the widest version there is: the real one can only be smaller.
+   A full shard raises :class:`~dfpubsub.errors.QueueFull` after giving back
+   what was already reserved, so the write fails before it touches the store.
+2. The caller writes to the store.
+3. :meth:`Notifier.commit` fills in the version the store assigned (and the
+   id, which contains it), encodes once and commits each reservation; or
+   :meth:`Notifier.abort` gives the room back if the write failed.
+
+Non-persistent topics are not queued here: delivering them straight from the
+change events is the delivery side's business.
+
+**Credits.** A reservation is a round trip to the queue backend; to keep one
+off every write, a notifier takes reservations for a shard ``credit`` at a
+time (one ``reserve_many`` round trip) and hands them out to later writes.
+Credits are fixed-size (``credit_size`` bytes, larger than a usual
+notification); a notification that does not fit one gets a reservation of its
+own size. A credit is used only while at least half of the queue's
+``stale_after`` is left, so it cannot expire during a write; the rest of the
+process's credits are given back by :meth:`Notifier.close`, or expire. Queues
+too small to spare credits (``credit`` reservations would take more than
+1/64 of the bound) are reserved one write at a time, so credits never make a
+small queue look full to other writers.
+
+**Order.** The changes of one key go to one shard; so that they are committed
+in version order when threads of one process write the key concurrently,
+:meth:`prepare` takes a lock (one of 64, by key) that :meth:`commit` or
+:meth:`abort` releases: always call one of them, and prepare one change at a
+time per thread. Processes writing one key at
+the same instant may commit out of version order (docs/notifications.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DfPubSubError, InvalidEvent, InvalidValue, QueueFull, QueueNotFound, ReservationNotFound
+from ..events import VersionedObject
+from ..logs import RateLimitedLog
+from ..metrics import Stats
+from ..queues import QueueStore
+from ..queues.sharding import shard_for
+from .notification import Notification, encode, notification_id, value_digest
+from .registry import NotificationRegistry
+from .topics import Topic, event_name
+
+__all__ = ["Notifier", "Pending", "DEFAULT_CREDIT", "DEFAULT_CREDIT_SIZE"]
+
+log = logging.getLogger(__name__)
+
+#: Reservations a notifier takes ahead per shard in one round trip.
+DEFAULT_CREDIT = 16
+#: Size of a credit; a notification without its value is a few hundred bytes.
+DEFAULT_CREDIT_SIZE = 1024
+#: The widest version there is (20 decimal digits, a 9-byte msgpack integer): sizes reservations.
+_WIDEST_VERSION = (1 << 64) - 1
+_STRIPES = 64
+#: A queue spares credits only while ``credit`` of them take at most 1/_SPARE of its bound.
+_SPARE = 64
+
+
+@dataclass(slots=True)
+class _Reservation:
+    queue: str
+    res_id: str
+    notification: Notification
+    #: For a credit, until when it may be handed out again; 0.0 for a reservation of its own.
+    credit_until: float = 0.0
+
+
+@dataclass(slots=True)
+class Pending:
+    """The reservations :meth:`Notifier.prepare` made for one change; hand it to
+    :meth:`Notifier.commit` or :meth:`Notifier.abort`, exactly once."""
+
+    reservations: list[_Reservation] = field(default_factory=list)
+    #: The key's lock (a threading.RLock), held from prepare() to commit() or abort().
+    lock: Any = None
+
+    def __bool__(self) -> bool:
+        return bool(self.reservations)
+
+    @property
+    def queues(self) -> list[str]:
+        """The shards reserved on, one per matching persistent topic."""
+        return [r.queue for r in self.reservations]
+
+
+#: What prepare() answers for a change no persistent topic wants (no allocation on that path).
+_NOTHING = Pending()
+
+
+class _Credits:
+    """Reservations of one queue taken ahead by this process: (id, usable until)."""
+
+    __slots__ = ("batch", "ids")
+
+    def __init__(self, batch: int):
+        self.batch = batch
+        self.ids: deque[tuple[str, float]] = deque()
+
+
+class Notifier:
+    """Reserves, commits and aborts the persistent notifications of store writes.
+
+    ``publisher`` names the writer in every notification. ``stats`` counts
+    ``notifications_enqueued``, ``notifications_refused`` (QueueFull at
+    prepare, by topic) and ``notifications_lost`` (by reason: the store write
+    happened but its notification could not be committed). Thread-safe; a
+    forked child starts with no credits of its own.
+    """
+
+    def __init__(
+        self,
+        registry: NotificationRegistry,
+        queues: QueueStore,
+        *,
+        publisher: str = "",
+        credit: int = DEFAULT_CREDIT,
+        credit_size: int = DEFAULT_CREDIT_SIZE,
+        stats: Stats | None = None,
+        close_queues: bool = False,
+        clock: Callable[[], float] = time.time,
+    ):
+        if credit.__class__ is not int or credit < 1 or credit > queues.max_batch:
+            raise InvalidValue(f"credit must be an int in 1..{queues.max_batch}, not {credit!r}")
+        if credit_size.__class__ is not int or credit_size < 1:
+            raise InvalidValue(f"credit_size must be a positive int, not {credit_size!r}")
+        self.registry = registry
+        self.queues = queues
+        self.publisher = publisher
+        self.credit = credit
+        self.credit_size = credit_size
+        self.stats = stats or Stats("notifier", publisher or "notifier")
+        self._close_queues = close_queues
+        self._clock = clock
+        self._badlog = RateLimitedLog(log, 5.0)
+        self._fork_safe()
+
+    def _fork_safe(self) -> None:
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._credits: dict[str, _Credits] = {}
+        self._stripes = [threading.RLock() for _ in range(_STRIPES)]
+
+    # -- the write path ------------------------------------------------------------------------
+
+    def prepare(self, table: str, key: str, action: str, value: Any = None, *,
+                publisher: str | None = None, event_time: float | None = None) -> Pending:
+        """Reserve room for the notifications of a change of ``key`` in ``table`` by ``action``
+        (``create``, ``update`` or ``delete``; ``value`` is the object after it).
+        ``publisher`` (default: this notifier's) and ``event_time`` (default: now) go
+        into the notifications.
+
+        Raises :class:`~dfpubsub.errors.QueueFull` (nothing stays reserved) or
+        the queue backend's :class:`~dfpubsub.errors.StoreUnavailable`; the
+        write must not happen then. A falsy Pending means no persistent topic
+        wants the change.
+        """
+        if key.__class__ is not str:  # the store refuses it; no topic can match it
+            return _NOTHING
+        action = getattr(action, "value", action)
+        matches = [m for m in self.registry.matching_topics(table, key, action) if m.topic.persistent]
+        if not matches:
+            return _NOTHING
+        if self._pid != os.getpid():
+            self._fork_safe()
+        now = self._clock()
+        name, size, etag = self._digest(table, key, action, value)
+        when = now if event_time is None else event_time
+        writer = self.publisher if publisher is None else publisher
+        lock = self._stripes[zlib.crc32(key.encode()) % _STRIPES]
+        lock.acquire()
+        pending = Pending([], lock)
+        try:
+            for topic, config in matches:
+                n = Notification("", topic.name, name, action, table, key, _WIDEST_VERSION, size, etag, when, None,
+                                 topic.opaque_data, writer, config.id)
+                reservation = self._reserve(topic, table, key, n, now)
+                if reservation is not None:
+                    pending.reservations.append(reservation)
+        except BaseException:
+            self.abort(pending)
+            raise
+        if not pending.reservations:
+            pending.lock = None
+            lock.release()
+            return _NOTHING
+        return pending
+
+    def commit(self, pending: Pending, obj: VersionedObject) -> int:
+        """Commit the notifications of a write the store made (``obj`` carries its version);
+        how many were committed.
+
+        Never raises for a queue's sake: the write stands, so a notification
+        that cannot be committed is counted in ``notifications_lost`` and
+        logged (docs/notifications.md, failure windows).
+        """
+        lock = pending.lock
+        if lock is None:
+            return 0
+        reservations, pending.reservations, pending.lock = pending.reservations, [], None
+        committed = 0
+        try:
+            version = obj.version
+            for r in reservations:
+                n = r.notification
+                n.version = version
+                n.id = notification_id(n.topic, n.bucket, n.key, version)
+                committed += self._commit(r, encode(n))
+        finally:
+            lock.release()
+        self.stats.inc("notifications_enqueued", committed)
+        return committed
+
+    def abort(self, pending: Pending) -> None:
+        """Give back the room reserved for a write that did not happen. Never raises."""
+        lock = pending.lock
+        if lock is None:
+            return
+        reservations, pending.reservations, pending.lock = pending.reservations, [], None
+        try:
+            for r in reservations:
+                if r.credit_until and self._recredit(r):
+                    continue
+                try:
+                    self.queues.abort(r.queue, r.res_id)
+                except DfPubSubError as exc:  # it expires after stale_after all the same
+                    self._badlog.warning(f"abort:{r.queue}", "cannot abort a notification reservation",
+                                         queue=r.queue, error=str(exc))
+        finally:
+            lock.release()
+
+    # -- reservations ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _digest(table: str, key: str, action: str, value: Any) -> tuple[str, int, str]:
+        """(S3 event name, size, etag) of the change: the same for every topic, computed once."""
+        name = event_name(action)
+        if action == "delete":
+            return name, 0, ""
+        try:
+            return name, *value_digest(value)
+        except InvalidEvent as exc:  # the store refuses it the same way
+            raise InvalidValue(f"{table}/{key}: {exc}") from exc
+
+    def _reserve(self, topic: Topic, table: str, key: str, n: Notification, now: float) -> _Reservation | None:
+        """A reservation for ``n`` on its shard; None if the topic's queues are gone."""
+        assert topic.shards is not None
+        queue = shard_for(topic.name, topic.shards, table, key)
+        n.id = notification_id(topic.name, table, key, _WIDEST_VERSION)
+        size = len(encode(n))
+        try:
+            if size <= self.credit_size:
+                credit = self._take_credit(queue, topic, now)
+                if credit is not None:
+                    return _Reservation(queue, credit[0], n, credit[1])
+            return _Reservation(queue, self.queues.reserve(queue, size), n)
+        except QueueNotFound:
+            # The topic was deleted or made non-persistent since the snapshot: it wants nothing now.
+            self.registry.invalidate()
+            return None
+        except QueueFull:
+            self.stats.inc("notifications_refused", reason=topic.name)
+            raise
+
+    def _take_credit(self, queue: str, topic: Topic, now: float) -> tuple[str, float] | None:
+        """A credit of ``queue`` (id, usable until), refilled in one round trip when none is
+        left; None when the queue spares none (small, or too full for a whole batch)."""
+        credits = self._credits.get(queue)
+        if credits is None:
+            batch = min(self.credit, topic.max_entries // _SPARE,
+                        topic.max_bytes // (_SPARE * self.credit_size))
+            credits = self._credits.setdefault(queue, _Credits(batch))
+        if credits.batch <= 1:
+            return None
+        stale: list[str] = []
+        found: tuple[str, float] | None = None
+        with self._mutex:
+            while credits.ids:
+                credit = credits.ids.popleft()
+                if credit[1] > now:
+                    found = credit
+                    break
+                stale.append(credit[0])
+        for old in stale:  # unused for half their life: writes are sparse here, give the room back
+            self._quiet_abort(queue, old)
+        if found is not None:
+            return found
+        try:
+            ids = self.queues.reserve_many(queue, [self.credit_size] * credits.batch)
+        except QueueFull:
+            return None
+        until = now + topic.stale_after / 2
+        with self._mutex:
+            credits.ids.extend((i, until) for i in ids[1:])
+        return ids[0], until
+
+    def _recredit(self, r: _Reservation) -> bool:
+        """Put an unused credit back; False if it is too old to hand out again."""
+        credits = self._credits.get(r.queue)
+        if credits is None or r.credit_until <= self._clock():
+            return False
+        with self._mutex:
+            credits.ids.appendleft((r.res_id, r.credit_until))
+        return True
+
+    def _drop_credits(self, queue: str) -> None:
+        credits = self._credits.get(queue)
+        if credits is None:
+            return
+        with self._mutex:
+            held, credits.ids = list(credits.ids), deque()
+        for res_id, _ in held:
+            self._quiet_abort(queue, res_id)
+
+    def _quiet_abort(self, queue: str, res_id: str) -> None:
+        try:
+            self.queues.abort(queue, res_id)
+        except DfPubSubError:
+            pass  # it expires after stale_after
+
+    # -- commits ---------------------------------------------------------------------------------
+
+    def _commit(self, r: _Reservation, data: bytes) -> bool:
+        """Commit ``data``; on an expired reservation, reserve again and retry once."""
+        try:
+            self.queues.commit(r.queue, r.res_id, data)
+            return True
+        except ReservationNotFound:
+            if r.credit_until:  # its batch mates are likely as old, or unknown (the queue was re-created)
+                self._drop_credits(r.queue)
+            try:
+                self.queues.commit(r.queue, self.queues.reserve(r.queue, len(data)), data)
+                return True
+            except DfPubSubError as exc:
+                return self._lost(r, "expired", exc)
+        except QueueNotFound as exc:
+            return self._lost(r, "queue_gone", exc)
+        except DfPubSubError as exc:
+            return self._lost(r, type(exc).__name__, exc)
+
+    def _lost(self, r: _Reservation, reason: str, exc: Exception) -> bool:
+        self.stats.inc("notifications_lost", reason=reason)
+        n = r.notification
+        self._badlog.warning(f"lost:{r.queue}:{reason}", "notification lost: the write stands, its notification "
+                             "could not be committed", queue=r.queue, reason=reason, table=n.bucket, key=n.key,
+                             version=n.version, error=str(exc))
+        return False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def credits_held(self, queue: str | None = None) -> int:
+        """Credits this process holds (on ``queue``, or on all queues)."""
+        if self._pid != os.getpid():
+            return 0
+        with self._mutex:
+            if queue is not None:
+                credits = self._credits.get(queue)
+                return len(credits.ids) if credits else 0
+            return sum(len(c.ids) for c in self._credits.values())
+
+    def release(self) -> int:
+        """Give back every credit this process holds; how many."""
+        if self._pid != os.getpid():
+            self._fork_safe()  # the parent's credits are the parent's
+            return 0
+        with self._mutex:
+            held = [(q, i) for q, c in self._credits.items() for i, _ in c.ids]
+            for c in self._credits.values():
+                c.ids.clear()
+        for queue, res_id in held:
+            self._quiet_abort(queue, res_id)
+        return len(held)
+
+    def close(self) -> None:
+        """Give back the credits (and close the queues if this notifier was given them to own)."""
+        try:
+            self.release()
+        finally:
+            if self._close_queues:
+                self.queues.close()
+

@@ -1,0 +1,406 @@
+"""Redis queues: ``redis://host:port/db`` through redis-py, one atomic Lua script per call.
+
+Layout under ``{prefix}:q:``:
+
+- ``queues``: the set of queue names (the registry of queues).
+- ``m:{name}``: a hash of the queue's limits, counters (``seq``, ``bytes``,
+  ``reserved_bytes``) and lease (``owner``, ``owner_until``).
+- ``r:{name}``: a sorted set of the live reservations scored by expiry time;
+  a member is ``{size}.{n}`` (``n`` from the ``rid`` counter), and is the
+  reservation id the caller gets, so no other key holds a reservation.
+- ``e:{name}``: a stream of the entries, the entry of marker ``s`` at stream
+  id ``s-0``, with fields ``t`` (enqueued at) and ``d`` (the data).
+- ``d:{name}``: a hash of dead letters, marker -> msgpack ``[data, reason, at]``.
+- ``rec:{kind}``: a hash of records, name -> data.
+
+Entries are counted by the stream's length and reservations by the sorted
+set's; ``bytes`` and ``reserved_bytes`` change in the script that adds or
+removes what they count, so they cannot drift. Scripts format integers with
+``%d``: Lua numbers are doubles, and Redis would write large ones in
+exponent notation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import redis
+from redis.commands.core import Script
+
+from ..errors import ConfigError, QueueFull, QueueNotFound, ReservationNotFound
+from ..redis_client import ProcessClient, open_client, redacted, redis_errors
+from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+
+__all__ = ["RedisQueues"]
+
+_MISSING, _FULL = -1, -2  # script status codes; -3: unknown or expired reservation
+
+# int(): integers as Redis wants them. sweep(): drops the expired reservations at now.
+_LIB = """
+local function int(x) return string.format('%d', x) end
+local function sweep(meta, res, now)
+  local gone = redis.call('ZRANGEBYSCORE', res, '-inf', '(' .. now)
+  if #gone == 0 then return 0 end
+  local freed = 0
+  for i = 1, #gone do freed = freed + tonumber(string.match(gone[i], '^%d+')) end
+  redis.call('ZREMRANGEBYSCORE', res, '-inf', '(' .. now)
+  redis.call('HINCRBY', meta, 'reserved_bytes', int(-freed))
+  return freed
+end
+"""
+
+# KEYS: meta, reservations, entries, rid counter. ARGV: now, sizes... Returns ids, or a status.
+_RESERVE = _LIB + """
+local m = redis.call('HMGET', KEYS[1], 'max_bytes', 'max_entries', 'stale_after', 'bytes', 'reserved_bytes')
+if not m[1] then return -1 end
+local reserved = tonumber(m[5]) - sweep(KEYS[1], KEYS[2], ARGV[1])
+local want, n = 0, #ARGV - 1
+for i = 2, #ARGV do want = want + tonumber(ARGV[i]) end
+if tonumber(m[4]) + reserved + want > tonumber(m[1])
+   or redis.call('XLEN', KEYS[3]) + redis.call('ZCARD', KEYS[2]) + n > tonumber(m[2]) then return -2 end
+local expires = tonumber(ARGV[1]) + tonumber(m[3])
+local last = redis.call('INCRBY', KEYS[4], n)
+local ids, zadd = {}, {}
+for i = 1, n do
+  local id = ARGV[i + 1] .. '.' .. int(last - n + i)
+  ids[i] = id
+  zadd[2 * i - 1] = expires
+  zadd[2 * i] = id
+end
+redis.call('ZADD', KEYS[2], unpack(zadd))
+redis.call('HSET', KEYS[1], 'reserved_bytes', int(reserved + want))
+return ids
+"""
+
+# KEYS: meta, reservations, entries. ARGV: now, (id, data)... All or nothing: returns the new
+# entries' sequence numbers, or {status, index of the culprit}. Expired reservations are swept
+# first, so they neither count nor commit.
+_COMMIT = _LIB + """
+local m = redis.call('HMGET', KEYS[1], 'max_bytes', 'bytes', 'reserved_bytes', 'seq')
+if not m[1] then return {-1, 0} end
+local reserved = tonumber(m[3]) - sweep(KEYS[1], KEYS[2], ARGV[1])
+local used = tonumber(m[2]) + reserved
+local sizes = {}
+for i = 2, #ARGV, 2 do
+  if not redis.call('ZSCORE', KEYS[2], ARGV[i]) then return {-3, i / 2} end
+  local size = tonumber(string.match(ARGV[i], '^%d+'))
+  sizes[#sizes + 1] = size
+  local len = string.len(ARGV[i + 1])
+  used = used + len - size  -- a smaller entry frees room for a larger one after it
+  if len > size and used > tonumber(m[1]) then return {-2, i / 2} end
+end
+local seq, added, out = tonumber(m[4]), 0, {}
+for i = 2, #ARGV, 2 do
+  seq = seq + 1
+  reserved = reserved - sizes[i / 2]
+  added = added + string.len(ARGV[i + 1])
+  redis.call('ZREM', KEYS[2], ARGV[i])
+  redis.call('XADD', KEYS[3], int(seq) .. '-0', 't', ARGV[1], 'd', ARGV[i + 1])
+  out[#out + 1] = seq
+end
+redis.call('HSET', KEYS[1], 'seq', int(seq), 'bytes', int(tonumber(m[2]) + added), 'reserved_bytes', int(reserved))
+return out
+"""
+
+# KEYS: meta, reservations. ARGV: id, now. 1 aborted, 0 unknown or expired.
+_ABORT = _LIB + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local exp = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not exp then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'reserved_bytes', int(-tonumber(string.match(ARGV[1], '^%d+'))))
+if tonumber(exp) < tonumber(ARGV[2]) then return 0 end
+return 1
+"""
+
+# KEYS: meta, entries. ARGV: first stream id, count.
+_LIST = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+return redis.call('XRANGE', KEYS[2], ARGV[1], '+', 'COUNT', ARGV[2])
+"""
+
+# KEYS: meta, entries. ARGV: last stream id removed, first stream id kept.
+_REMOVE = _LIB + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local gone = redis.call('XRANGE', KEYS[2], '-', ARGV[1])
+if #gone == 0 then return 0 end
+local freed = 0
+for i = 1, #gone do freed = freed + string.len(gone[i][2][4]) end
+redis.call('XTRIM', KEYS[2], 'MINID', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'bytes', int(-freed))
+return #gone
+"""
+
+# KEYS: meta, reservations, entries. ARGV: now.
+_STATS = _LIB + """
+local m = redis.call('HMGET', KEYS[1], 'bytes', 'max_bytes', 'max_entries', 'owner', 'owner_until')
+if not m[2] then return -1 end
+sweep(KEYS[1], KEYS[2], ARGV[1])
+return {redis.call('XLEN', KEYS[3]), m[1], redis.call('ZCARD', KEYS[2]),
+        redis.call('HGET', KEYS[1], 'reserved_bytes'), m[2], m[3], m[4], m[5]}
+"""
+
+# KEYS: meta, registry. ARGV: name, max_bytes, max_entries, stale_after, now. 1 if created.
+_CREATE = """
+local created = redis.call('HSETNX', KEYS[1], 'created_at', ARGV[5])
+redis.call('HSET', KEYS[1], 'max_bytes', ARGV[2], 'max_entries', ARGV[3], 'stale_after', ARGV[4])
+if created == 1 then redis.call('HSET', KEYS[1], 'seq', 0, 'bytes', 0, 'reserved_bytes', 0) end
+redis.call('SADD', KEYS[2], ARGV[1])
+return created
+"""
+
+# KEYS: registry, meta, reservations, entries, dead letters. ARGV: name.
+_DELETE = """
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+return redis.call('SREM', KEYS[1], ARGV[1])
+"""
+
+# KEYS: meta. ARGV: owner, now, until. 1 taken or renewed, 0 held by another.
+_LOCK = """
+local cur = redis.call('HMGET', KEYS[1], 'max_bytes', 'owner', 'owner_until')
+if not cur[1] then return -1 end
+if cur[2] and cur[2] ~= ARGV[1] and tonumber(cur[3]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'owner_until', ARGV[3])
+return 1
+"""
+
+# KEYS: meta. ARGV: owner.
+_UNLOCK = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'owner', 'owner_until')
+return 1
+"""
+
+# KEYS: meta, dead letters. ARGV: marker, packed.
+_DEAD_LETTER = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+return redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
+"""
+
+# KEYS: dead letters.
+_PURGE = """
+local n = redis.call('HLEN', KEYS[1])
+redis.call('DEL', KEYS[1])
+return n
+"""
+
+_SCRIPTS = {
+    "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "stats": _STATS,
+    "create": _CREATE, "delete": _DELETE, "lock": _LOCK, "unlock": _UNLOCK, "dead_letter": _DEAD_LETTER,
+    "purge": _PURGE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Client:
+    """A redis-py client and its registered scripts (one per process)."""
+
+    r: redis.Redis
+    scripts: dict[str, Script]
+
+
+class RedisQueues(QueueStore):
+    """``redis://host:port/db``; keys live under ``{prefix}:q:``."""
+
+    backend = "redis"
+
+    def __init__(self, url: str, prefix: str = "dfpubsub", timeout: float = 5.0,
+                 clock: Callable[[], float] = time.time):
+        super().__init__(clock)
+        if not isinstance(prefix, str) or not prefix:
+            raise ConfigError(f"Redis queues prefix must be a non-empty string, not {prefix!r}")
+        self.url = url
+        self.prefix = prefix
+        self.timeout = timeout
+        self._where = redacted(url)
+        self._ns = f"{prefix}:q:"
+        self._registry = self._ns + "queues"
+        self._rid = self._ns + "rid"
+        self._client = ProcessClient(self._new_client, lambda c: c.r.close())
+        self._client.get()  # validates the URL; connections are opened on first use
+
+    def _new_client(self) -> _Client:
+        r = open_client(self.url, self.timeout, "queues")
+        return _Client(r, {name: r.register_script(src) for name, src in _SCRIPTS.items()})
+
+    def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return redis_errors(f"Redis queues at {self._where} ({what})")
+
+    def _run(self, script: str, what: str, keys: list[str], args: list[Any]) -> Any:
+        c = self._client.get()
+        with self._errors(what):
+            return c.scripts[script](keys=keys, args=args)
+
+    def _keys(self, name: str, *kinds: str) -> list[str]:
+        return [f"{self._ns}{kind}:{name}" for kind in kinds]
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def _create_queue(self, name: str, max_bytes: int, max_entries: int, stale_after: float, now: float) -> bool:
+        return bool(self._run("create", f"create {name}", [*self._keys(name, "m"), self._registry],
+                              [name, max_bytes, max_entries, repr(stale_after), repr(now)]))
+
+    def _delete_queue(self, name: str) -> bool:
+        return bool(self._run("delete", f"delete {name}", [self._registry, *self._keys(name, "m", "r", "e", "d")],
+                              [name]))
+
+    def _list_queues(self) -> list[str]:
+        c = self._client.get()
+        with self._errors("list queues"):
+            names = c.r.smembers(self._registry)
+        return sorted(n.decode() for n in names)  # type: ignore[union-attr]
+
+    def _queue_info(self, name: str) -> QueueInfo:
+        c = self._client.get()
+        with self._errors(f"info {name}"):
+            row = c.r.hmget(self._keys(name, "m")[0], ["max_bytes", "max_entries", "stale_after", "created_at"])
+        if row[0] is None:  # type: ignore[index]
+            raise QueueNotFound(f"no queue {name!r}")
+        mb, me, st, ca = row  # type: ignore[misc]
+        return QueueInfo(name, int(mb), int(me), float(st), float(ca))
+
+    # -- writers ----------------------------------------------------------------------------
+
+    def _reserve(self, name: str, size: int, now: float) -> str:
+        return self._reserve_many(name, [size], now)[0]
+
+    def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]:
+        c = self._client.get()
+        ns = self._ns
+        with self._errors(f"reserve in {name}"):
+            res = c.scripts["reserve"](keys=[f"{ns}m:{name}", f"{ns}r:{name}", f"{ns}e:{name}", self._rid],
+                                       args=[repr(now), *sizes])
+        if res.__class__ is list:
+            return [r.decode() for r in res]
+        if res == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        raise QueueFull(name, f"no room for {len(sizes)} reservation(s) of {sum(sizes)} bytes")
+
+    def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str:
+        return self._commit_many(name, [(res_id, data)], now)[0]
+
+    def _commit_many(self, name: str, items: list[tuple[str, bytes]], now: float) -> list[str]:
+        c = self._client.get()
+        ns = self._ns
+        args: list[Any] = [repr(now)]
+        for res_id, data in items:
+            args += (res_id, data)
+        with self._errors(f"commit to {name}"):
+            res = c.scripts["commit"](keys=[f"{ns}m:{name}", f"{ns}r:{name}", f"{ns}e:{name}"], args=args)
+        status = res[0]
+        if status > 0:
+            return [marker(seq) for seq in res]
+        if status == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        res_id, data = items[res[1] - 1]
+        if status == _FULL:
+            raise QueueFull(name, f"an entry of {len(data)} bytes does not fit in its reservation nor in the free room")
+        raise ReservationNotFound(
+            f"queue {name}: reservation {res_id!r} is unknown (committed, aborted, expired or never made)")
+
+    def _abort(self, name: str, res_id: str, now: float) -> bool:
+        res = self._run("abort", f"abort in {name}", self._keys(name, "m", "r"), [res_id, repr(now)])
+        if res == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        return bool(res)
+
+    # -- the owner ----------------------------------------------------------------------------
+
+    def _list(self, name: str, max: int, after: int) -> tuple[list[QueueEntry], bool]:
+        rows = self._run("list", f"list {name}", self._keys(name, "m", "e"), [f"{after + 1}-0", max + 1])
+        if rows == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        out = []
+        for sid, fields in rows[:max]:
+            # fields: [b"t", enqueued_at, b"d", data]
+            out.append(QueueEntry(marker(int(sid[:sid.index(b"-")])), fields[3], float(fields[1])))
+        return out, len(rows) > max
+
+    def _remove(self, name: str, up_to: int) -> int:
+        n = self._run("remove", f"remove from {name}", self._keys(name, "m", "e"), [f"{up_to}-0", f"{up_to + 1}-0"])
+        if n == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        return n
+
+    def _stats(self, name: str, now: float) -> QueueStats:
+        row = self._run("stats", f"stats of {name}", self._keys(name, "m", "r", "e"), [repr(now)])
+        if row == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        entries, used, n, reserved, max_bytes, max_entries, owner, until = row
+        lease = owner is not None and float(until) >= now
+        return QueueStats(entries, int(used), n, int(reserved), int(max_bytes), int(max_entries),
+                          owner.decode() if lease else None, float(until) if lease else None)
+
+    # -- leases -----------------------------------------------------------------------------------
+
+    def _lock(self, name: str, owner: str, now: float, until: float) -> bool:
+        res = self._run("lock", f"lock {name}", self._keys(name, "m"), [owner, repr(now), repr(until)])
+        if res == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        return bool(res)
+
+    def _unlock(self, name: str, owner: str) -> bool:
+        return bool(self._run("unlock", f"unlock {name}", self._keys(name, "m"), [owner]))
+
+    def _owner(self, name: str, now: float) -> tuple[str, float] | None:
+        c = self._client.get()
+        with self._errors(f"owner of {name}"):
+            row = c.r.hmget(self._keys(name, "m")[0], ["max_bytes", "owner", "owner_until"])
+        if row[0] is None:  # type: ignore[index]
+            raise QueueNotFound(f"no queue {name!r}")
+        _, owner, until = row  # type: ignore[misc]
+        return None if owner is None or float(until) < now else (owner.decode(), float(until))
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    def _dead_letter(self, name: str, marker: str, data: bytes, reason: str, now: float) -> bool:
+        res = self._run("dead_letter", f"dead letter in {name}", self._keys(name, "m", "d"),
+                        [marker, msgpack.packb([data, reason, now])])
+        if res == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        return bool(res)
+
+    def _list_dead_letters(self, name: str | None, max: int) -> list[DeadLetter]:
+        c = self._client.get()
+        out: list[DeadLetter] = []
+        for queue in self._list_queues() if name is None else [name]:
+            with self._errors(f"dead letters of {queue}"):
+                rows = c.r.hgetall(self._keys(queue, "d")[0])
+            for mk in sorted(rows):  # type: ignore[arg-type]
+                data, reason, at = msgpack.unpackb(rows[mk])  # type: ignore[index]
+                out.append(DeadLetter(queue, mk.decode(), data, reason, at))
+                if len(out) == max:
+                    return out
+        return out
+
+    def _purge_dead_letters(self, name: str | None) -> int:
+        return sum(self._run("purge", f"purge dead letters of {queue}", self._keys(queue, "d"), [])
+                   for queue in (self._list_queues() if name is None else [name]))
+
+    # -- records -----------------------------------------------------------------------------------
+
+    def _record_op(self, what: str, fn: Callable[[redis.Redis, str], Any], kind: str) -> Any:
+        c = self._client.get()
+        with self._errors(what):
+            return fn(c.r, f"{self._ns}rec:{kind}")
+
+    def _put_record(self, kind: str, name: str, data: bytes) -> None:
+        self._record_op(f"put {kind}/{name}", lambda r, h: r.hset(h, name, data), kind)
+
+    def _get_record(self, kind: str, name: str) -> bytes | None:
+        return self._record_op(f"get {kind}/{name}", lambda r, h: r.hget(h, name), kind)
+
+    def _list_records(self, kind: str) -> dict[str, bytes]:
+        rows = self._record_op(f"list {kind}", lambda r, h: r.hgetall(h), kind)
+        return {k.decode(): v for k, v in sorted(rows.items())}
+
+    def _delete_record(self, kind: str, name: str) -> bool:
+        return bool(self._record_op(f"delete {kind}/{name}", lambda r, h: r.hdel(h, name), kind))
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,436 @@
+"""Embedded SQLite queues, the default: one file, WAL, safe for several processes.
+
+Each queue is a row of ``q_queues`` holding its limits, its counters and its
+lease; reservations and entries are rows of their own tables. Triggers keep
+the counters: inserting or deleting a reservation or an entry updates its
+queue's row in the same statement, so the counters are always the sums of
+the rows that exist, whatever the mix of calls, crashes and processes.
+
+``reserve()`` and ``commit()`` are one statement each (one implicit
+transaction, no read before the write): an ``INSERT ... SELECT`` whose
+``WHERE`` is the capacity check. Only when it inserts nothing does a second
+transaction sweep expired reservations, retry, and find out why (QueueFull,
+QueueNotFound, ReservationNotFound). The entry's reservation id is kept in
+its row because the insert trigger deletes the reservation with it.
+``reserve_many()`` and ``commit_many()`` are one transaction each: a sweep,
+then the same statements through ``executemany``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import QueueFull, QueueNotFound, ReservationNotFound, StoreUnavailable
+from ..sqlite_client import connect_sqlite
+from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+
+__all__ = ["SqliteQueues"]
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS q_queues (
+    name TEXT PRIMARY KEY,
+    max_bytes INTEGER NOT NULL,
+    max_entries INTEGER NOT NULL,
+    stale_after REAL NOT NULL,
+    created_at REAL NOT NULL,
+    seq INTEGER NOT NULL DEFAULT 0,
+    entries INTEGER NOT NULL DEFAULT 0,
+    bytes INTEGER NOT NULL DEFAULT 0,
+    reservations INTEGER NOT NULL DEFAULT 0,
+    reserved_bytes INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    owner_until REAL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS q_reservations (
+    queue TEXT NOT NULL,
+    id TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (queue, id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS q_entries (
+    queue TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    res TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    enqueued_at REAL NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (queue, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS q_dead_letters (
+    queue TEXT NOT NULL,
+    marker TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (queue, marker)
+);
+CREATE TABLE IF NOT EXISTS q_records (
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+CREATE TRIGGER IF NOT EXISTS q_reservation_added AFTER INSERT ON q_reservations BEGIN
+    UPDATE q_queues SET reservations = reservations + 1, reserved_bytes = reserved_bytes + NEW.size
+    WHERE name = NEW.queue;
+END;
+CREATE TRIGGER IF NOT EXISTS q_reservation_gone AFTER DELETE ON q_reservations BEGIN
+    UPDATE q_queues SET reservations = reservations - 1, reserved_bytes = reserved_bytes - OLD.size
+    WHERE name = OLD.queue;
+END;
+CREATE TRIGGER IF NOT EXISTS q_entry_added AFTER INSERT ON q_entries BEGIN
+    DELETE FROM q_reservations WHERE queue = NEW.queue AND id = NEW.res;
+    UPDATE q_queues SET seq = NEW.seq, entries = entries + 1, bytes = bytes + NEW.size WHERE name = NEW.queue;
+END;
+CREATE TRIGGER IF NOT EXISTS q_entry_gone AFTER DELETE ON q_entries BEGIN
+    UPDATE q_queues SET entries = entries - 1, bytes = bytes - OLD.size WHERE name = OLD.queue;
+END;
+"""
+
+# Inserts the reservation only if it fits; the trigger counts it.
+_RESERVE = """
+INSERT INTO q_reservations (queue, id, size, expires_at)
+SELECT name, :id, :size, :now + stale_after FROM q_queues
+WHERE name = :name AND bytes + reserved_bytes + :size <= max_bytes AND entries + reservations < max_entries
+"""
+# Inserts the entry only if the reservation is live and the entry fits (a larger entry
+# needs the difference free); the trigger deletes the reservation and counts the entry.
+_COMMIT = """
+INSERT INTO q_entries (queue, seq, res, size, enqueued_at, data)
+SELECT q.name, q.seq + 1, r.id, :size, :now, :data FROM q_queues AS q
+JOIN q_reservations AS r ON r.queue = q.name AND r.id = :id
+WHERE q.name = :name AND r.expires_at >= :now
+  AND (:size <= r.size OR q.bytes + q.reserved_bytes - r.size + :size <= q.max_bytes)
+RETURNING seq
+"""
+_COMMIT_MANY = _COMMIT.replace("RETURNING seq", "")
+_SWEEP = "DELETE FROM q_reservations WHERE queue = ? AND expires_at < ?"
+_QUEUE = "SELECT max_bytes, max_entries, stale_after, created_at FROM q_queues WHERE name = ?"
+_STATS = """
+SELECT entries, bytes, reservations, reserved_bytes, max_bytes, max_entries, owner, owner_until
+FROM q_queues WHERE name = ?
+"""
+
+
+class _Refused(Exception):
+    """A commit of a batch matched nothing: roll the batch back."""
+
+
+class SqliteQueues(QueueStore):
+    """``sqlite:///path/to/queues.sqlite``; it may be the northbound store's file (other tables)."""
+
+    backend = "sqlite"
+
+    def __init__(
+        self,
+        path: str,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ):
+        super().__init__(clock)
+        self.path = path
+        self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._mutex = threading.Lock()
+        self._pid = -1
+        self._conn: sqlite3.Connection | None = None
+        with self._mutex:
+            self._connect()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        """This process's connection (call with the lock held)."""
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        conn = connect_sqlite(self.path, _SCHEMA, "queues", timeout=self._busy_timeout,
+                              synchronous=self._synchronous)
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(conn)`` in one autocommitted call, or a transaction ``fn`` opens itself."""
+        with self._mutex:
+            try:
+                return fn(self._connect())
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite queues {self.path}: {exc}") from exc
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(conn)`` in a write transaction; rolled back if it raises."""
+
+        def run(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return self._run(run)
+
+    @staticmethod
+    def _missing(conn: sqlite3.Connection, name: str) -> QueueNotFound | None:
+        if conn.execute("SELECT 1 FROM q_queues WHERE name = ?", (name,)).fetchone() is None:
+            return QueueNotFound(f"no queue {name!r}")
+        return None
+
+    # -- registry ------------------------------------------------------------------------------
+
+    def _create_queue(self, name: str, max_bytes: int, max_entries: int, stale_after: float, now: float) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            args = (name, max_bytes, max_entries, stale_after, now)
+            cur = conn.execute("INSERT OR IGNORE INTO q_queues (name, max_bytes, max_entries, stale_after, created_at)"
+                               " VALUES (?, ?, ?, ?, ?)", args)
+            if cur.rowcount:
+                return True
+            conn.execute("UPDATE q_queues SET max_bytes = ?, max_entries = ?, stale_after = ? WHERE name = ?",
+                         (max_bytes, max_entries, stale_after, name))
+            return False
+
+        return self._tx(run)
+
+    def _delete_queue(self, name: str) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            # The queue's row goes first, so the triggers of the deletes below have nothing to update.
+            existed = conn.execute("DELETE FROM q_queues WHERE name = ?", (name,)).rowcount
+            for table in ("q_entries", "q_reservations", "q_dead_letters"):
+                conn.execute(f"DELETE FROM {table} WHERE queue = ?", (name,))
+            return bool(existed)
+
+        return self._tx(run)
+
+    def _list_queues(self) -> list[str]:
+        return self._run(lambda c: [r[0] for r in c.execute("SELECT name FROM q_queues ORDER BY name")])
+
+    def _queue_info(self, name: str) -> QueueInfo:
+        row = self._run(lambda c: c.execute(_QUEUE, (name,)).fetchone())
+        if row is None:
+            raise QueueNotFound(f"no queue {name!r}")
+        return QueueInfo(name, *row)
+
+    # -- writers ---------------------------------------------------------------------------------
+
+    def _reserve(self, name: str, size: int, now: float) -> str:
+        args = {"id": os.urandom(8).hex(), "size": size, "now": now, "name": name}
+        if self._run(lambda c: c.execute(_RESERVE, args).rowcount):
+            return args["id"]
+        return self._reserve_rows(name, [args], now)[0]
+
+    def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]:
+        return self._reserve_rows(name, [{"id": os.urandom(8).hex(), "size": s, "now": now, "name": name}
+                                         for s in sizes], now)
+
+    def _reserve_rows(self, name: str, rows: list[dict], now: float) -> list[str]:
+        """All ``rows`` or none, in one transaction after a sweep of the expired reservations."""
+
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute(_SWEEP, (name, now))
+            if conn.executemany(_RESERVE, rows).rowcount == len(rows):
+                return
+            row = conn.execute(_STATS, (name,)).fetchone()
+            if row is None:
+                raise QueueNotFound(f"no queue {name!r}")
+            raise QueueFull(name, "{} entries of {} bytes and {} reservations of {} bytes: no room for {} more "
+                                  "of {} bytes within {} bytes and {} entries".format(
+                                      *row[:4], len(rows), sum(r["size"] for r in rows), *row[4:6]))
+
+        self._tx(run)
+        return [r["id"] for r in rows]
+
+    def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str:
+        args = {"size": len(data), "now": now, "data": data, "id": res_id, "name": name}
+        # fetchall: the statement must run to its end to commit.
+        rows = self._run(lambda c: c.execute(_COMMIT, args).fetchall())
+        if rows:
+            return marker(rows[0][0])
+        return self._commit_rows(name, [args])[0]
+
+    def _commit_many(self, name: str, items: list[tuple[str, bytes]], now: float) -> list[str]:
+        rows = [{"size": len(d), "now": now, "data": d, "id": r, "name": name} for r, d in items]
+
+        def run(conn: sqlite3.Connection) -> list[str]:
+            conn.execute(_SWEEP, (name, now))  # expired reservations neither count nor commit
+            if conn.executemany(_COMMIT_MANY, rows).rowcount != len(rows):
+                raise _Refused
+            # The transaction holds the write lock: the batch took the last len(rows) numbers.
+            (seq,) = conn.execute("SELECT seq FROM q_queues WHERE name = ?", (name,)).fetchone()
+            return [marker(n) for n in range(seq - len(rows) + 1, seq + 1)]
+
+        try:
+            return self._tx(run)
+        except _Refused:
+            return self._commit_rows(name, rows)
+
+    def _commit_rows(self, name: str, rows: list[dict]) -> list[str]:
+        """The slow path: commit ``rows`` after a sweep, all or none; else raise why the first
+        refused one was. A savepoint undoes the commits of a refused batch and keeps the sweep."""
+
+        def run(conn: sqlite3.Connection) -> list[str] | Exception:
+            conn.execute(_SWEEP, (name, rows[0]["now"]))
+            conn.execute("SAVEPOINT batch")
+            markers = []
+            for args in rows:
+                got = conn.execute(_COMMIT, args).fetchall()
+                if not got:
+                    conn.execute("ROLLBACK TO batch")
+                    return self._refusal(conn, name, args)
+                markers.append(marker(got[0][0]))
+            return markers
+
+        got = self._tx(run)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _refusal(self, conn: sqlite3.Connection, name: str, args: dict) -> Exception:
+        """Why a commit was refused, after the sweep (so an expired reservation is an unknown one)."""
+        res = conn.execute("SELECT size FROM q_reservations WHERE queue = ? AND id = ?",
+                           (name, args["id"])).fetchone()
+        if res is None:
+            return self._missing(conn, name) or ReservationNotFound(
+                f"queue {name}: reservation {args['id']!r} is unknown (committed, aborted, expired or never made)")
+        return QueueFull(name, f"an entry of {args['size']} bytes does not fit in its reservation of {res[0]} "
+                               "bytes nor in the free room")
+
+    def _abort(self, name: str, res_id: str, now: float) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("DELETE FROM q_reservations WHERE queue = ? AND id = ? RETURNING expires_at",
+                               (name, res_id)).fetchall()
+            if not row:
+                missing = self._missing(conn, name)
+                if missing:
+                    raise missing
+                return False
+            return row[0][0] >= now
+
+        return self._run(run)
+
+    # -- the owner ---------------------------------------------------------------------------------
+
+    def _list(self, name: str, max: int, after: int) -> tuple[list[QueueEntry], bool]:
+        def run(conn: sqlite3.Connection) -> list[Any]:
+            rows = conn.execute("SELECT seq, data, enqueued_at FROM q_entries WHERE queue = ? AND seq > ? "
+                                "ORDER BY seq LIMIT ?", (name, after, max + 1)).fetchall()
+            if not rows:
+                missing = self._missing(conn, name)
+                if missing:
+                    raise missing
+            return rows
+
+        rows = self._run(run)
+        return [QueueEntry(marker(seq), data, at) for seq, data, at in rows[:max]], len(rows) > max
+
+    def _remove(self, name: str, up_to: int) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            n = conn.execute("DELETE FROM q_entries WHERE queue = ? AND seq <= ?", (name, up_to)).rowcount
+            if not n:
+                missing = self._missing(conn, name)
+                if missing:
+                    raise missing
+            return n
+
+        return self._run(run)
+
+    def _stats(self, name: str, now: float) -> QueueStats:
+        def run(conn: sqlite3.Connection) -> tuple:
+            conn.execute(_SWEEP, (name, now))
+            row = conn.execute(_STATS, (name,)).fetchone()
+            if row is None:
+                raise QueueNotFound(f"no queue {name!r}")
+            return row
+
+        *counters, owner, until = self._tx(run)
+        if owner is None or until < now:
+            owner = until = None
+        return QueueStats(*counters, owner, until)
+
+    # -- leases ---------------------------------------------------------------------------------------
+
+    def _lock(self, name: str, owner: str, now: float, until: float) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            taken = conn.execute(
+                "UPDATE q_queues SET owner = ?, owner_until = ? WHERE name = ? "
+                "AND (owner IS NULL OR owner = ? OR owner_until < ?)", (owner, until, name, owner, now)).rowcount
+            if not taken:
+                missing = self._missing(conn, name)
+                if missing:
+                    raise missing
+            return bool(taken)
+
+        return self._run(run)
+
+    def _unlock(self, name: str, owner: str) -> bool:
+        return bool(self._run(lambda c: c.execute(
+            "UPDATE q_queues SET owner = NULL, owner_until = NULL WHERE name = ? AND owner = ?", (name, owner)
+        ).rowcount))
+
+    def _owner(self, name: str, now: float) -> tuple[str, float] | None:
+        row = self._run(lambda c: c.execute("SELECT owner, owner_until FROM q_queues WHERE name = ?",
+                                            (name,)).fetchone())
+        if row is None:
+            raise QueueNotFound(f"no queue {name!r}")
+        return None if row[0] is None or row[1] < now else (row[0], row[1])
+
+    # -- dead letters -------------------------------------------------------------------------------
+
+    def _dead_letter(self, name: str, marker: str, data: bytes, reason: str, now: float) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            added = conn.execute(
+                "INSERT INTO q_dead_letters SELECT name, ?, ?, ?, ? FROM q_queues WHERE name = ? "
+                "ON CONFLICT DO NOTHING", (marker, reason, now, data, name)).rowcount
+            if not added:
+                missing = self._missing(conn, name)
+                if missing:
+                    raise missing
+            return bool(added)
+
+        return self._run(run)
+
+    def _list_dead_letters(self, name: str | None, max: int) -> list[DeadLetter]:
+        sql = "SELECT queue, marker, data, reason, at FROM q_dead_letters"
+        args: tuple = (max,)
+        if name is not None:
+            sql, args = sql + " WHERE queue = ?", (name, max)
+        rows = self._run(lambda c: c.execute(sql + " ORDER BY queue, marker LIMIT ?", args).fetchall())
+        return [DeadLetter(*row) for row in rows]
+
+    def _purge_dead_letters(self, name: str | None) -> int:
+        if name is None:
+            return self._run(lambda c: c.execute("DELETE FROM q_dead_letters").rowcount)
+        return self._run(lambda c: c.execute("DELETE FROM q_dead_letters WHERE queue = ?", (name,)).rowcount)
+
+    # -- records -------------------------------------------------------------------------------------
+
+    def _put_record(self, kind: str, name: str, data: bytes) -> None:
+        self._run(lambda c: c.execute("INSERT OR REPLACE INTO q_records VALUES (?, ?, ?)", (kind, name, data)))
+
+    def _get_record(self, kind: str, name: str) -> bytes | None:
+        row = self._run(lambda c: c.execute("SELECT data FROM q_records WHERE kind = ? AND name = ?",
+                                            (kind, name)).fetchone())
+        return None if row is None else row[0]
+
+    def _list_records(self, kind: str) -> dict[str, bytes]:
+        return dict(self._run(lambda c: c.execute("SELECT name, data FROM q_records WHERE kind = ? ORDER BY name",
+                                                  (kind,)).fetchall()))
+
+    def _delete_record(self, kind: str, name: str) -> bool:
+        return bool(self._run(lambda c: c.execute("DELETE FROM q_records WHERE kind = ? AND name = ?",
+                                                  (kind, name)).rowcount))
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None

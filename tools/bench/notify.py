@@ -1,0 +1,103 @@
+"""notify: what persistent notifications cost a writer, and (the delivery half) how fast a worker delivers.
+
+Write half: one writer updates ``--keys`` objects round-robin ``--writes``
+times through :class:`~dfpubsub.nbapi.NbApi` (store write and ZeroMQ
+publish, as tools/bench/nb_write.py does), once with a
+:class:`~dfpubsub.notify.producer.Notifier` and one persistent 11-shard topic
+that every write matches (reserve, write, commit), once with no notifier; the
+two alternate for ``--rounds`` rounds in the same run, and the best of each
+gives the ratio. The queues live where ``[notify] url = ""`` puts them: in
+the store's own backend (the SQLite file, the Redis server, the etcd
+cluster). Queues are emptied between rounds, outside the timing.
+
+Last line: ``{"bench": "notify", "<backend>_write_ratio": R, "<backend>_writes_per_s": N,
+"<backend>_notified_writes_per_s": N, ..., "delivery_per_s": N}``. Targets: write ratio >= 0.85
+with 11 shards on SQLite and Redis; delivery >= 5,000 notifications/s per worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from typing import Any
+
+from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
+from dfpubsub.notify.producer import Notifier
+from dfpubsub.queues import QueueStore, open_queues
+from dfpubsub.store import Store
+from dfpubsub.tools.bench.backends import bench_store
+from dfpubsub.tools.bench.nb_write import TABLES, VALUE, nbapi_rate
+from dfpubsub.tools.bench.notify_delivery import delivery_rate
+
+__all__ = ["write_ratios", "main"]
+
+SHARDS = 11
+
+
+def _empty(registry: NotificationRegistry, topic: Topic) -> None:
+    for shard in registry.shard_names(topic):
+        registry.queues.remove(shard, "9" * 20)
+
+
+def _backend_ratio(store: Store, queues: QueueStore, args: argparse.Namespace) -> tuple[float, float]:
+    """(best writes/s without notifications, best with), alternating rounds."""
+    registry = NotificationRegistry(queues)
+    topic = registry.create_topic(Topic("bench", "http://127.0.0.1:9/hook", persistent=True, shards=args.shards,
+                                        max_entries=10 * args.writes, max_bytes=1 << 30))
+    registry.put_configuration(NotificationConfig("all", TABLES[0], topic.name))
+    notifier = Notifier(registry, queues, publisher="bench")
+    for k in range(args.keys):
+        store.create(TABLES[0], f"port-{k:04d}", VALUE)
+    plain, notified = [], []
+    try:
+        for _ in range(args.rounds):  # interleaved, best of each: the machine is shared and noisy
+            plain.append(nbapi_rate(store, args.writes, args.keys))
+            notified.append(nbapi_rate(store, args.writes, args.keys, notifier))
+            assert registry.topic_stats(topic.name).entries == args.writes, "a notification is missing"
+            _empty(registry, topic)
+    finally:
+        notifier.close()
+    return max(plain), max(notified)
+
+
+def write_ratios(args: argparse.Namespace) -> dict[str, Any]:
+    """Per backend of ``args.backends``: writes/s with and without notifications, and their ratio."""
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-notify-") as tmp:
+        for backend in args.backends.split(","):
+            with bench_store(backend, tmp, TABLES) as (store, url):
+                queues = open_queues(url, **({} if backend == "sqlite" else {"prefix": "bench"}))
+                try:
+                    base, rate = _backend_ratio(store, queues, args)
+                finally:
+                    queues.close()
+            print(f"[{backend}] NbApi {base:,.0f} writes/s; with a persistent {args.shards}-shard topic "
+                  f"{rate:,.0f} writes/s; ratio {rate / base:.2f}", flush=True)
+            result.update({f"{backend}_writes_per_s": round(base), f"{backend}_notified_writes_per_s": round(rate),
+                           f"{backend}_write_ratio": round(rate / base, 2)})
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--writes", type=int, default=2000, help="writes per round and backend")
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=SHARDS)
+    parser.add_argument("--backends", default="sqlite,redis,etcd")
+    parser.add_argument("--notifications", type=int, default=50_000, help="queued for the delivery half")
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"bench": "notify", "writes": args.writes, "shards": args.shards}
+    result.update(write_ratios(args))
+    batched, single = delivery_rate(args.notifications), delivery_rate(args.notifications // 10, max_batch=1)
+    print(f"[delivery] one worker, local webhook: {batched:,.0f} notifications/s in batches of 100 S3 records, "
+          f"{single:,.0f}/s one per request", flush=True)
+    result.update(delivery_per_s=round(batched), delivery_one_per_request_per_s=round(single))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
