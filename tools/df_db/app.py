@@ -1,0 +1,75 @@
+"""The df-db application: global options, command groups, errors and exit statuses.
+
+Exit statuses: 0 done; 1 the command failed (a missing table or key, bad JSON,
+an unreachable backend, a refused confirmation), with one line on stderr and no
+traceback; 2 a usage error or a bad configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from dfpubsub.errors import ConfigError, DfPubSubError
+
+from . import notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
+from .context import CliState, Format
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="df-db",
+    help="Inspect and administer the dfpubsub northbound store, pub/sub and notification queues.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(store_cmds.app)
+app.add_typer(pubsub_cmds.app)
+app.add_typer(watch.app)
+app.add_typer(queue_cmds.app, name="queues", help="The persistent notification queues (shards of persistent topics).")
+app.add_typer(notify_cmds.app)
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    config: Annotated[str | None, typer.Option(
+        "--config", metavar="FILE", help="TOML config file, as the daemons read it (default: $DFPUBSUB_CONFIG).")
+    ] = None,
+    store: Annotated[str | None, typer.Option(
+        "--store", metavar="URL", help="Store URL; overrides store.url (sqlite:///path, etcd://h:p, redis://h:p/db).")
+    ] = None,
+    queues: Annotated[str | None, typer.Option(
+        "--queues", metavar="URL", help="Notification queues URL (default: the store's URL).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", "-o", help="table for people, json for scripts.")] = Format.table,
+) -> None:
+    ctx.obj = CliState(config, store, queues, fmt)
+
+
+def _one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``df-db``; typer itself exits (SystemExit) when a command ends normally."""
+    try:
+        app(args=argv, prog_name="df-db")
+    except ConfigError as exc:
+        print(f"df-db: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except DfPubSubError as exc:
+        print(f"df-db: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (df-db dump | head): not an error of ours, and no traceback at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""What every command shares: the global options and the backends the settings select."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import sys
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+
+from dfpubsub.config import Settings, load_settings
+from dfpubsub.discovery import Discovery, discovery_from_settings
+from dfpubsub.errors import DfPubSubError
+from dfpubsub.factory import create_publisher
+from dfpubsub.nbapi import NbApi, open_store_from_settings
+from dfpubsub.notify.wiring import queues_from_settings
+from dfpubsub.queues import QueueStore
+from dfpubsub.store import Store
+
+from .output import Output, fail
+
+__all__ = ["Format", "CliState", "state", "confirm", "public_url"]
+
+#: Name of df-db's publisher, so subscribers and the discovery table show who wrote.
+PUBLISHER_NAME = "df-db"
+
+
+class Format(str, enum.Enum):
+    """``--format``: rich tables for people, JSON for scripts."""
+
+    table = "table"
+    json = "json"
+
+
+class CliState:
+    """The global options of one df-db run; settings are loaded on first use."""
+
+    def __init__(self, config: str | None, store_url: str | None, queues_url: str | None, fmt: Format):
+        self.config = config
+        self.store_url = store_url
+        self.queues_url = queues_url
+        self.out = Output(json_mode=fmt is Format.json)
+
+    @functools.cached_property
+    def settings(self) -> Settings:
+        """``--config`` / ``$DFPUBSUB_CONFIG``, the environment, then ``--store`` over ``store.url``."""
+        overrides: dict[str, Any] = {"store": {"url": self.store_url}} if self.store_url else {}
+        return load_settings(self.config, overrides)
+
+    def open_store(self) -> Store:
+        """The configured store (close it, or use it in ``with``)."""
+        return open_store_from_settings(self.settings)
+
+    def open_api(self, publish: bool) -> NbApi:
+        """NbApi on the configured store; with ``publish``, a publisher on the configured driver."""
+        store = self.open_store()
+        try:
+            return NbApi(store, create_publisher(self.settings, PUBLISHER_NAME) if publish else None)
+        except DfPubSubError:
+            store.close()
+            raise
+
+    def open_queues(self) -> QueueStore:
+        """The notification queues: ``--queues`` over ``notify.url`` (default: the store's URL)."""
+        settings = self.settings
+        if self.queues_url:
+            settings = settings.model_copy(update={"notify": settings.notify.model_copy(update={"url": self.queues_url})})
+        return queues_from_settings(settings)
+
+    def open_discovery(self) -> Discovery:
+        """The configured discovery table (``discovery.url``, by default the store's URL)."""
+        return discovery_from_settings(self.settings)
+
+
+def state(ctx: typer.Context) -> CliState:
+    """The :class:`CliState` the app's callback left on ``ctx``."""
+    found = ctx.find_object(CliState)
+    assert found is not None, "df-db commands run under the app's callback"
+    return found
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask before a destructive step; without ``--yes`` and without a terminal, refuse (exit 1)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail(f"refusing without --yes (stdin is not a terminal) to {question}")
+    if not typer.confirm(f"{question[0].upper()}{question[1:]}?", default=False, err=True):
+        fail("aborted; nothing was changed")
+
+
+def public_url(url: str) -> str:
+    """``url`` without a password, for output."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=user + netloc))

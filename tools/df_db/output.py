@@ -1,0 +1,146 @@
+"""Rendering: rich tables for people, JSON for scripts, progress bars only on a terminal.
+
+In JSON mode stdout carries exactly one JSON document (or, for ``watch``, one
+JSON object per line) and nothing else; messages always go to stderr.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["Column", "Output", "fail", "to_json", "compact", "duration", "clock", "when"]
+
+
+def _jsonable(obj: Any) -> Any:
+    # msgpack values may hold bytes, which JSON cannot: they are shown as base64 text.
+    if isinstance(obj, (bytes, bytearray)):
+        return base64.b64encode(obj).decode()
+    return str(obj)
+
+
+def to_json(doc: Any, indent: int | None = None) -> str:
+    """``doc`` as JSON (bytes as base64, anything else unknown as its str)."""
+    separators = None if indent else (",", ":")
+    return json.dumps(doc, indent=indent, separators=separators, default=_jsonable, ensure_ascii=False)
+
+
+def compact(value: Any) -> str:
+    """A value on one line, for a table cell."""
+    return to_json(value)
+
+
+def duration(seconds: float | None) -> str:
+    """``1h02m``, ``3m05s``, ``4.2s``; ``-`` for unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours < 48 else f"{hours // 24}d{hours % 24:02d}h"
+
+
+def clock(ts: float) -> str:
+    """Local wall-clock time with milliseconds."""
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
+def when(ts: float | None) -> str:
+    """Local date and time to the second; ``-`` for none."""
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``df-db: message`` on stderr and exit with status 1."""
+    print(f"df-db: {message}", file=sys.stderr)
+    raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table: its header, the row's key and how a cell is shown."""
+
+    header: str
+    key: str
+    show: Callable[[Any], str] = str
+    justify: str = "left"
+
+
+class Output:
+    """Where a command's result goes, in the chosen format."""
+
+    def __init__(self, json_mode: bool):
+        self.json = json_mode
+        # Piped, a table keeps each row on one line (for grep) instead of wrapping at 80 columns.
+        self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
+        self.err = Console(stderr=True, highlight=False)
+
+    def document(self, doc: Any) -> None:
+        """One JSON document on stdout (JSON mode)."""
+        sys.stdout.write(to_json(doc, indent=2) + "\n")
+
+    def rows(self, rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str | None = None) -> None:
+        """A list of objects: a JSON array, or a table with ``columns``."""
+        if self.json:
+            self.document(list(rows))
+            return
+        table = Table(title=title, show_edge=False, header_style="bold")
+        for col in columns:
+            table.add_column(col.header, justify=col.justify)  # type: ignore[arg-type]
+        for row in rows:
+            table.add_row(*(Text(col.show(row.get(col.key))) for col in columns))
+        self.console.print(table)
+        if not rows:
+            self.err.print("(none)")
+
+    def record(self, doc: dict[str, Any], show: dict[str, Callable[[Any], str]] | None = None) -> None:
+        """One object: a JSON object, or a two-column table of its fields."""
+        if self.json:
+            self.document(doc)
+            return
+        table = Table(show_header=False, show_edge=False)
+        table.add_column(style="bold")
+        table.add_column()
+        for name, value in doc.items():
+            shown = (show or {}).get(name, compact if not isinstance(value, str) else str)
+            table.add_row(name, Text(shown(value)))
+        self.console.print(table)
+
+    def line(self, doc: dict[str, Any], text: Text) -> None:
+        """One streamed item: a JSON line, or ``text``."""
+        if self.json:
+            sys.stdout.write(to_json(doc) + "\n")
+            sys.stdout.flush()
+        else:
+            self.console.print(text, soft_wrap=True)
+
+    def note(self, message: str) -> None:
+        """A message for people, on stderr."""
+        self.err.print(message, markup=False)
+
+    @contextlib.contextmanager
+    def progress(self, total: int, what: str) -> Iterator[Callable[[int], None]]:
+        """Yields ``advance(n)``; draws a bar on stderr only in table mode with stdout on a terminal."""
+        if self.json or not sys.stdout.isatty():
+            yield lambda n=1: None
+            return
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=self.err, transient=True)
+        with bar:
+            task = bar.add_task(what, total=total)
+            yield lambda n=1: bar.advance(task, n)

@@ -1,0 +1,116 @@
+"""``queues list|stats|dump|reservations|owners``: the persistent notification queues."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Annotated, Any
+
+import typer
+
+from dfpubsub.errors import NotificationDecodeError
+from dfpubsub.notify.notification import decode
+
+from .context import state
+from .output import Column, duration, when
+
+__all__ = ["app", "notification_doc"]
+
+app = typer.Typer(no_args_is_help=True)
+
+Queues = Annotated[list[str] | None, typer.Argument(metavar="[QUEUE]...", help="Only these queues (default: all).")]
+Max = Annotated[int, typer.Option("--max", min=1, help="At most N entries.")]
+
+
+def notification_doc(data: bytes) -> dict[str, Any]:
+    """A queued entry as its notification's fields; an entry that does not decode, as base64 and why."""
+    try:
+        return dataclasses.asdict(decode(data))
+    except NotificationDecodeError as exc:
+        return {"undecodable": exc.reason, "data": base64.b64encode(data).decode()}
+
+
+def _short(marker: str) -> str:
+    return marker.lstrip("0") or "0"
+
+
+def _left(until: float | None, now: float) -> float | None:
+    return None if until is None else round(max(0.0, until - now), 3)
+
+
+@app.command("list")
+def list_(ctx: typer.Context) -> None:
+    """Every queue with its limits: max bytes and entries, reservation expiry, creation time."""
+    st = state(ctx)
+    with st.open_queues() as store:
+        infos = [store.queue_info(name) for name in store.list_queues()]
+    st.out.rows([{"queue": i.name, "max_bytes": i.max_bytes, "max_entries": i.max_entries,
+                  "stale_after": i.stale_after, "created_at": i.created_at} for i in infos], [
+        Column("queue", "queue"), Column("max bytes", "max_bytes", justify="right"),
+        Column("max entries", "max_entries", justify="right"), Column("stale after", "stale_after", duration, "right"),
+        Column("created", "created_at", when),
+    ])
+
+
+def _read_stats(ctx: typer.Context, queues: list[str] | None) -> list[dict[str, Any]]:
+    st = state(ctx)
+    with st.open_queues() as store:
+        names = queues or store.list_queues()
+        now = store.clock()
+        return [{"queue": name, **store.stats(name)._asdict(), "now": now} for name in names]
+
+
+@app.command()
+def stats(ctx: typer.Context, queues: Queues = None) -> None:
+    """Entries, bytes and live reservations of each queue against its limits, and its owner."""
+    rows = _read_stats(ctx, queues)
+    for row in rows:
+        row["owner_left"] = _left(row["owner_until"], row.pop("now"))
+    state(ctx).out.rows(rows, [
+        Column("queue", "queue"), Column("entries", "entries", justify="right"),
+        Column("bytes", "bytes", justify="right"), Column("reservations", "reservations", justify="right"),
+        Column("reserved bytes", "reserved_bytes", justify="right"),
+        Column("max bytes", "max_bytes", justify="right"), Column("max entries", "max_entries", justify="right"),
+        Column("owner", "owner", lambda o: o or "-"), Column("lease left", "owner_left", duration, "right"),
+    ])
+
+
+@app.command()
+def reservations(ctx: typer.Context, queues: Queues = None) -> None:
+    """Live reservations of each queue (room taken by writers that have not committed yet)."""
+    rows = [{"queue": r["queue"], "reservations": r["reservations"], "reserved_bytes": r["reserved_bytes"]}
+            for r in _read_stats(ctx, queues)]
+    state(ctx).out.rows(rows, [Column("queue", "queue"), Column("reservations", "reservations", justify="right"),
+                               Column("reserved bytes", "reserved_bytes", justify="right")])
+
+
+@app.command()
+def owners(ctx: typer.Context, queues: Queues = None) -> None:
+    """Which worker owns (delivers) each queue, and until when; null: nobody now."""
+    rows = [{"queue": r["queue"], "owner": r["owner"], "until": r["owner_until"],
+             "left": _left(r["owner_until"], r["now"])} for r in _read_stats(ctx, queues)]
+    state(ctx).out.rows(rows, [Column("queue", "queue"), Column("owner", "owner", lambda o: o or "-"),
+                               Column("until", "until", when), Column("left", "left", duration, "right")])
+
+
+@app.command()
+def dump(ctx: typer.Context, queue: str, max: Max = 1000,
+         after: Annotated[str | None, typer.Option("--after", metavar="MARKER",
+                                                   help="Start after this marker.")] = None) -> None:
+    """The entries of QUEUE in commit order, decoded."""
+    st = state(ctx)
+    with st.open_queues() as store:
+        entries, more = store.list(queue, max, after)
+    docs = [{"marker": e.marker, "enqueued_at": e.enqueued_at, "bytes": len(e.data),
+             "notification": notification_doc(e.data)} for e in entries]
+    if st.out.json:
+        st.out.document({"queue": queue, "entries": docs, "more": more})
+        return
+    st.out.rows([{**d, **d["notification"]} for d in docs], [
+        Column("marker", "marker", _short, "right"), Column("enqueued", "enqueued_at", when),
+        Column("bytes", "bytes", justify="right"), Column("event", "event_name", lambda v: v or "?"),
+        Column("table", "bucket", lambda v: v or "?"), Column("key", "key", lambda v: v or "?"),
+        Column("version", "version", lambda v: "?" if v is None else str(v), "right"),
+    ], title=queue)
+    if more:
+        st.out.note(f"more entries follow: --after {docs[-1]['marker']}")
