@@ -25,7 +25,7 @@ from .store import Store
 from .subscriber import Subscriber, SubscriberOptions
 from .tracker import ResyncRequest
 
-__all__ = ["TableHandler", "Controller"]
+__all__ = ["TableHandler", "Controller", "Bootstrap"]
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,20 @@ class TableHandler(Protocol):
         """The object is gone; ``previous`` is what the cache held."""
 
 
+#: A first sync from elsewhere than a full listing: (store, topics) -> the listing of those
+#: topics, or None to list the store (see dfpubsub.pipeline.bootstrap.SnapshotBootstrap).
+Bootstrap = Callable[[Store, set[str]], "list[VersionedObject] | None"]
+
+
 class Controller:
     """A cache of ``topics`` kept equal to ``store``, calling ``handlers`` per table.
 
     ``reconcile_interval`` > 0 adds a periodic full reconcile (jittered by
     ±10%), which also repairs a write whose publisher died before publishing.
     ``on_gap`` observes every resync request; ``on_reconciled(topics, changes)``
-    is told what each resync found that the events had missed.
+    is told what each resync found that the events had missed. ``bootstrap``
+    replaces the store listing of the first sync of each topic (from a
+    compacted snapshot, docs/pipeline.md); later resyncs list the store.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class Controller:
         tombstone_horizon: float = 300.0,
         on_gap: Callable[[ResyncRequest], None] | None = None,
         on_reconciled: Callable[[set[str], list[Change]], None] | None = None,
+        bootstrap: Bootstrap | None = None,
     ):
         self.store = store
         self.name = name
@@ -72,6 +80,8 @@ class Controller:
         self.stats = Stats("controller", name)
         self.reconcile_interval = reconcile_interval
         self.on_reconciled = on_reconciled
+        self.bootstrap = bootstrap
+        self._listed: set[str] = set()  # topics synced once: bootstrap no longer applies to them
         self.subscriber = Subscriber(
             transport, topics, self._on_event, self._on_resync, options, name, on_gap, self.stats
         )
@@ -126,8 +136,19 @@ class Controller:
         obj = VersionedObject(event.topic, event.table, event.key, event.version, event.value)
         self._dispatch(Action.CREATE if previous is None else Action.UPDATE, obj, previous)
 
+    def _list(self, topics: set[str]) -> list[VersionedObject]:
+        """The source of truth for ``topics``: the bootstrap for those never synced, else the store."""
+        fresh = topics - self._listed if self.bootstrap is not None else set()
+        truth = self.bootstrap(self.store, fresh) if fresh and self.bootstrap is not None else None
+        if truth is None:
+            truth = self.store.list_topics(topics)
+        elif topics - fresh:
+            truth.extend(self.store.list_topics(topics - fresh))
+        self._listed |= topics
+        return truth
+
     def _on_resync(self, topics: set[str]) -> None:
-        truth = self.store.list_topics(topics)
+        truth = self._list(topics)
         changes = self.cache.reconcile(topics, truth)
         handlers = self.handlers
         for ch in changes:

@@ -53,8 +53,9 @@ class Event:
     ``version`` is assigned by the northbound DB and strictly increases per
     object; ``value`` is the object after the change (``None`` on delete);
     ``timestamp`` is when the change was made (Unix seconds).
-    ``publisher_id`` and ``seq`` are filled in on the subscriber side from the
-    envelope; a publisher ignores them.
+    ``publisher_id``, ``seq`` and ``sent_at`` (when the envelope was sent,
+    Unix seconds) are filled in on the subscriber side from the envelope; a
+    publisher ignores them.
     """
 
     topic: str
@@ -66,6 +67,7 @@ class Event:
     timestamp: float = 0.0
     publisher_id: str = ""
     seq: int = 0
+    sent_at: float = 0.0
 
 
 class VersionedObject(NamedTuple):

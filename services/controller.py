@@ -25,6 +25,7 @@ from dfpubsub.factory import create_driver, subscriber_options
 from dfpubsub.logs import setup_logging
 from dfpubsub.metrics import Stats, start_metrics_server
 from dfpubsub.nbapi import open_store_from_settings
+from dfpubsub.pipeline.bootstrap import SnapshotBootstrap
 
 log = logging.getLogger("df-controller")
 
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         store, transport, topics, {t: LoggingHandler(t) for t in settings.store.tables},
         subscriber_options(settings.pubsub), name, settings.controller.reconcile_interval,
         settings.cache.tombstone_horizon,
+        bootstrap=SnapshotBootstrap(settings.controller.bootstrap) if settings.controller.bootstrap else None,
     )
     discovery = connector = None
     if settings.controller.discover:

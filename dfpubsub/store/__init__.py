@@ -17,9 +17,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, Store
+from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 
-__all__ = ["Store", "AsyncStore", "open_store", "sqlite_path", "DEFAULT_MAX_VALUE_BYTES"]
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "sqlite_path", "DEFAULT_MAX_VALUE_BYTES"]
 
 
 def sqlite_path(url: str) -> str:

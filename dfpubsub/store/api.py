@@ -17,18 +17,27 @@ import abc
 import asyncio
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from ..errors import InvalidValue, UnknownTable, ValueTooLarge
 from ..events import VersionedObject
 
-__all__ = ["Store", "AsyncStore", "DEFAULT_MAX_VALUE_BYTES"]
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "DEFAULT_MAX_VALUE_BYTES"]
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _MAX_KEY_BYTES = 1024
+
+
+class ObjectVersion(NamedTuple):
+    """An object's identity and version, without its value (see :meth:`Store.list_versions`)."""
+
+    topic: str
+    table: str
+    key: str
+    version: int
 
 
 def decode_value(blob: bytes) -> Any:
@@ -71,6 +80,23 @@ class Store(abc.ABC):
     def list_topics(self, topics: Iterable[str]) -> list[VersionedObject]:
         """Objects of every table whose topic is in ``topics`` (what a resync reads)."""
         return self._list(None, set(topics))
+
+    def list_versions(self, topics: Iterable[str]) -> list[ObjectVersion]:
+        """Identity and version of every object of ``topics``, without values.
+
+        What a catch-up from a snapshot reads (docs/pipeline.md): much less
+        than :meth:`list_topics`, and it still shows every object deleted
+        since the snapshot (it is not listed) and every one changed (its
+        version differs); :meth:`get_many` then reads just those.
+        """
+        return self._list_versions(set(topics))
+
+    def get_many(self, refs: Iterable[tuple[str, str]]) -> list[VersionedObject]:
+        """The objects of ``refs`` ((table, key) pairs) that exist, in no particular order."""
+        refs = list(refs)
+        for table, key in refs:
+            self._check(table, key)
+        return self._get_many(refs) if refs else []
 
     def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
         """Create an object; :class:`~dfpubsub.errors.AlreadyExists` if it exists."""
@@ -147,6 +173,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]: ...
 
+    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
+        """Backends override this to leave the values on the server."""
+        return [ObjectVersion(o.topic, o.table, o.key, o.version) for o in self._list(None, topics)] if topics else []
+
+    def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        """Backends override this to read many objects per round trip."""
+        return [o for o in (self._get(t, k) for t, k in refs) if o is not None]
+
     @abc.abstractmethod
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject: ...
 
@@ -184,6 +218,14 @@ class AsyncStore:
     async def list_topics(self, topics: Iterable[str]) -> list[VersionedObject]:
         """See :meth:`Store.list_topics`."""
         return await asyncio.to_thread(self.store.list_topics, list(topics))
+
+    async def list_versions(self, topics: Iterable[str]) -> list[ObjectVersion]:
+        """See :meth:`Store.list_versions`."""
+        return await asyncio.to_thread(self.store.list_versions, list(topics))
+
+    async def get_many(self, refs: Iterable[tuple[str, str]]) -> list[VersionedObject]:
+        """See :meth:`Store.get_many`."""
+        return await asyncio.to_thread(self.store.get_many, list(refs))
 
     async def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
         """See :meth:`Store.create`."""

@@ -49,13 +49,15 @@ from aetcd.utils import prefix_range_end
 from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict
 from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints, status_code
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
 
 __all__ = ["EtcdStore"]
 
 T = TypeVar("T")
 _MAX_MESSAGE_BYTES = 64 << 20  # gRPC's default of 4 MiB would cap a page of a listing
 _PAGE_KEYS = 5000
+#: Objects per Txn of get_many: two reads each, within etcd's default --max-txn-ops of 128.
+_TXN_OBJECTS = 64
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
@@ -253,12 +255,12 @@ class EtcdStore(Store):
         topic = _topic_of(response.responses[1].response_range.kvs, table)
         return VersionedObject(topic, table, key, kvs[0].mod_revision, decode_value(kvs[0].value))
 
-    def _scan(self, kv: Any, start: bytes, revision: int) -> tuple[list[Any], int]:
+    def _scan(self, kv: Any, start: bytes, revision: int, keys_only: bool = False) -> tuple[list[Any], int]:
         """Pages of the keys under ``start`` at ``revision`` (0: now), and the revision read."""
         pages: list[Any] = []
         key, end, limit = start, prefix_range_end(start), _PAGE_KEYS
         while True:
-            request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision)
+            request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision, keys_only=keys_only)
             try:
                 page = kv.Range(request, timeout=self.timeout)
             except grpc.RpcError as exc:
@@ -272,16 +274,14 @@ class EtcdStore(Store):
                 return pages, revision
             key = page.kvs[-1].key + b"\x00"
 
-    def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
-        if topics is not None and not topics:
-            return []
-        under = f"{table}/".encode() if table is not None else b""
+    def _read_all(self, under: bytes, keys_only: bool) -> tuple[list[Any], dict[bytes, str]]:
+        """Pages of the objects under ``under``, and the topics of those that have their own, at one revision."""
 
         def run(kv: Any) -> tuple[list[Any], list[Any]]:
             attempts = 0
             while True:
                 try:  # the objects, then their topics at the same revision
-                    pages, revision = self._scan(kv, self._root + under, 0)
+                    pages, revision = self._scan(kv, self._root + under, 0, keys_only)
                     return pages, self._scan(kv, self._topic_root + under, revision)[0]
                 except grpc.RpcError as exc:  # the snapshot was compacted away: start over
                     attempts += 1
@@ -290,8 +290,12 @@ class EtcdStore(Store):
 
         pages, topic_pages = self._call(run)
         skip = len(self._topic_root)
-        named = {kv.key[skip:]: kv.value.decode() for kvs in topic_pages for kv in kvs}
-        out: list[VersionedObject] = []
+        return pages, {kv.key[skip:]: kv.value.decode() for kvs in topic_pages for kv in kvs}
+
+    def _listed(self, under: bytes, topics: set[str] | None, keys_only: bool) -> list[tuple[str, str, str, Any]]:
+        """(topic, table, key, kv) of the objects under ``under`` of ``topics`` (all if None)."""
+        pages, named = self._read_all(under, keys_only)
+        out = []
         skip, tables = len(self._root), self.tables
         for kvs in pages:
             for kv in kvs:
@@ -301,7 +305,33 @@ class EtcdStore(Store):
                     continue
                 topic = named.get(name, tbl) if named else tbl
                 if topics is None or topic in topics:
-                    out.append(VersionedObject(topic, tbl, key, kv.mod_revision, decode_value(kv.value)))
+                    out.append((topic, tbl, key, kv))
+        return out
+
+    def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
+        if topics is not None and not topics:
+            return []
+        under = f"{table}/".encode() if table is not None else b""
+        return [VersionedObject(topic, tbl, key, kv.mod_revision, decode_value(kv.value))
+                for topic, tbl, key, kv in self._listed(under, topics, False)]
+
+    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
+        if not topics:
+            return []
+        listed = self._listed(b"", topics, True)
+        return [ObjectVersion(topic, tbl, key, kv.mod_revision) for topic, tbl, key, kv in listed]
+
+    def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        out: list[VersionedObject] = []
+        for start in range(0, len(refs), _TXN_OBJECTS):
+            chunk = refs[start:start + _TXN_OBJECTS]
+            reads = [rpc.RangeRequest(key=path) for table, key in chunk for path in self._paths(table, key)]
+            responses = self._commit(_txn([], reads)).responses
+            for i, (table, key) in enumerate(chunk):
+                kvs = responses[2 * i].response_range.kvs
+                if kvs:
+                    topic = _topic_of(responses[2 * i + 1].response_range.kvs, table)
+                    out.append(VersionedObject(topic, table, key, kvs[0].mod_revision, decode_value(kvs[0].value)))
         return out
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:

@@ -37,7 +37,7 @@ from redis.commands.core import Script
 from ..errors import AlreadyExists, ConfigError, NotFound, VersionConflict
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
 
 __all__ = ["RedisStore"]
 
@@ -105,6 +105,22 @@ end
 return out
 """
 
+# Read-only, like _FETCH without the values: (index in KEYS, topic, version) per wanted object.
+_VERSIONS = """
+local want = {}
+for _, t in ipairs(ARGV) do want[t] = true end
+local out = {}
+for i, k in ipairs(KEYS) do
+  local r = redis.call('HMGET', k, 'topic', 'version')
+  if r[2] and want[r[1]] then
+    out[#out + 1] = i
+    out[#out + 1] = r[1]
+    out[#out + 1] = r[2]
+  end
+end
+return out
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class _Client:
@@ -115,6 +131,7 @@ class _Client:
     update: Script
     delete: Script
     fetch: Script
+    versions: Script
 
 
 class RedisStore(Store):
@@ -147,7 +164,7 @@ class RedisStore(Store):
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "store")
         return _Client(r, r.register_script(_CREATE), r.register_script(_UPDATE),
-                       r.register_script(_DELETE), r.register_script(_FETCH))
+                       r.register_script(_DELETE), r.register_script(_FETCH), r.register_script(_VERSIONS))
 
     def _connect(self) -> _Client:
         return self._client.get()
@@ -196,6 +213,36 @@ class RedisStore(Store):
                 # Keys deleted since SMEMBERS are simply absent from the reply.
                 add(VersionedObject(rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(), int(rows[i + 2]),
                                     unpack(rows[i + 3])))
+
+    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
+        if not topics:
+            return []
+        c = self._connect()
+        wanted = sorted(topics)
+        out: list[ObjectVersion] = []
+        for table in sorted(self.tables):
+            with self._errors(f"list versions of {table}"):
+                keys = list(cast("set[bytes]", c.r.smembers(self._set(table))))
+                base = self._obj(table, "").encode()
+                for start in range(0, len(keys), _CHUNK):
+                    chunk = keys[start:start + _CHUNK]
+                    rows = c.versions(keys=[base + k for k in chunk], args=wanted)
+                    out.extend(ObjectVersion(rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(), int(rows[i + 2]))
+                               for i in range(0, len(rows), 3))
+        return out
+
+    def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        c = self._connect()
+        out: list[VersionedObject] = []
+        for start in range(0, len(refs), _CHUNK):
+            chunk = refs[start:start + _CHUNK]
+            with self._errors("get_many"):
+                rows = c.fetch(keys=[self._obj(t, k) for t, k in chunk], args=[])
+            for i in range(0, len(rows), 4):
+                table, key = chunk[rows[i] - 1]
+                topic, version, blob = rows[i + 1].decode(), int(rows[i + 2]), rows[i + 3]
+                out.append(VersionedObject(topic, table, key, version, decode_value(blob)))
+        return out
 
     # -- writes ----------------------------------------------------------------------
 

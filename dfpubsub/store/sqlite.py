@@ -16,7 +16,8 @@ from typing import Any
 
 from ..errors import AlreadyExists, NotFound, StoreUnavailable, VersionConflict
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from ..sqlite_client import connect_sqlite
+from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
 
 __all__ = ["SqliteStore"]
 
@@ -50,6 +51,8 @@ _INSERT = f"INSERT INTO nb_objects VALUES (?, ?, ?, {_REVISION}, ?) ON CONFLICT 
 _UPDATE = f"UPDATE nb_objects SET version = {_REVISION}, value = ? WHERE tbl = ? AND key = ?"
 _UPDATE_TOPIC = f"UPDATE nb_objects SET topic = ?, version = {_REVISION}, value = ? WHERE tbl = ? AND key = ?"
 _DELETE = "DELETE FROM nb_objects WHERE tbl = ? AND key = ?"
+#: Keys per statement of get_many (SQLite allows 32766 variables).
+_MANY = 500
 
 
 class SqliteStore(Store):
@@ -77,15 +80,8 @@ class SqliteStore(Store):
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
-        if self.path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        try:
-            conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            conn.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
+        conn = connect_sqlite(self.path, _SCHEMA, "store", timeout=self._busy_timeout,
+                              synchronous=self._synchronous)
         self._conn, self._pid = conn, os.getpid()
         return conn
 
@@ -138,6 +134,26 @@ class SqliteStore(Store):
             for topic, tbl, key, version, blob in self._read(sql, tuple(args))
             if tbl in self.tables
         ]
+
+    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
+        if not topics:
+            return []
+        sql = f"SELECT topic, tbl, key, version FROM nb_objects WHERE topic IN ({','.join('?' * len(topics))})"
+        return [ObjectVersion(*row) for row in self._read(sql, tuple(topics)) if row[1] in self.tables]
+
+    def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        by_table: dict[str, list[str]] = {}
+        for table, key in refs:
+            by_table.setdefault(table, []).append(key)
+        out: list[VersionedObject] = []
+        for table, keys in by_table.items():
+            for start in range(0, len(keys), _MANY):
+                chunk = keys[start:start + _MANY]
+                marks = ",".join("?" * len(chunk))
+                sql = f"SELECT topic, key, version, value FROM nb_objects WHERE tbl = ? AND key IN ({marks})"
+                out.extend(VersionedObject(topic, table, key, version, decode_value(blob))
+                           for topic, key, version, blob in self._read(sql, (table, *chunk)))
+        return out
 
     @staticmethod
     def _refusal(conn: sqlite3.Connection, table: str, key: str, expected: int | None) -> Exception:

@@ -14,6 +14,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
 from tests.conftest import wait_for
+from tests.functional.conftest import backend_store
 from tests.functional.controller_helpers import TABLES, Node
 
 _prefix = itertools.count()
@@ -44,11 +45,7 @@ def rebind(endpoint):
 
 @pytest.fixture(params=["sqlite", "etcd", "redis"])
 def store(request, tmp_path):
-    if request.param == "sqlite":
-        s = open_store(f"sqlite://{tmp_path}/nb.sqlite", TABLES)
-    else:
-        server = request.getfixturevalue(f"shared_{request.param}")
-        s = open_store(server.url, TABLES, prefix=f"ctl{next(_prefix)}-{tmp_path.name}")
+    s = backend_store(request, tmp_path, TABLES, "ctl")
     yield s
     s.close()
 

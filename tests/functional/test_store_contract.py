@@ -120,6 +120,25 @@ def test_list_by_table_and_topic(store):
     assert store.drop_all() == 4 and store.list() == []
 
 
+def test_list_versions_and_get_many_agree_with_list_topics(store):
+    store.create("port", "p1", {"a": 1}, topic="tenant-a")
+    store.create("port", "p2", 2, topic="tenant-b")
+    store.create("network", "n1", [3], topic="tenant-a")
+    for i in range(30):  # more than one chunk of etcd's transactions
+        store.create("network", f"n-{i}", i)
+    store.update("port", "p1", {"a": 2})
+    store.delete("network", "n-7")
+    topics = ["tenant-a", "network"]
+    listed = store.list_topics(topics)
+    assert sorted(store.list_versions(topics)) == sorted((o.topic, o.table, o.key, o.version) for o in listed)
+    assert store.list_versions([]) == []
+    refs = [(o.table, o.key) for o in listed] + [("network", "n-7"), ("port", "missing")]
+    assert sorted(store.get_many(refs)) == sorted(listed)  # absent objects are left out
+    assert store.get_many([]) == []
+    with pytest.raises(UnknownTable):
+        store.get_many([("nope", "k")])
+
+
 def test_concurrent_processes_lose_no_update_and_never_go_back(store_url):
     url, opts = store_url
     prefix = opts.get("prefix", "")

@@ -1,0 +1,167 @@
+"""``audit``: what the event log says about delivery, as Parquet tables plus a readable summary and a plot.
+
+Tables written under the output directory:
+
+- ``streams``: per (publisher_id, topic), the first and last sequence seen,
+  distinct sequences and events (copies included);
+- ``gaps``: per stream, each run of sequences missing between the first and
+  the last seen (``first_missing``, ``last_missing``, ``missing``). Before the
+  first sequence seen nothing counts as missing: the archiver may have
+  started late;
+- ``duplicates``: sequences archived more than once (``copies``);
+- ``order_violations``: events whose version is not above every version of
+  the same (table, key) received before them (by ``received_at``, then
+  ``publisher_id`` and ``seq``), duplicates excluded;
+- ``latency``: per topic, percentiles (p50, p90, p99) and the maximum of the
+  delivery latency (``received_at - sent_at``) and of the end-to-end latency
+  (``received_at - timestamp``, from the write to the archive), in seconds;
+- ``rates``: per topic and time bucket, events, events per second and the p50
+  and p99 delivery latency.
+
+``summary.json``, ``summary.txt`` and ``audit.png`` (rates and latencies over
+time; needs matplotlib) sit beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .fs import HadoopFs
+from .logread import list_segments, read_segments
+from .report import plot_png, render_text
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["AuditResult", "PERCENTILES", "audit"]
+
+PERCENTILES = (0.5, 0.9, 0.99)
+_TABLES = ("streams", "gaps", "duplicates", "order_violations", "latency", "rates")
+
+
+@dataclass
+class AuditResult:
+    """The summary (also written as summary.json) and where the tables are."""
+
+    summary: dict[str, Any]
+    out: str
+    seconds: float
+
+
+def _stream_tables(rows: "DataFrame") -> dict[str, "DataFrame"]:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    per_seq = rows.groupBy("publisher_id", "topic", "seq").agg(F.count(F.lit(1)).alias("copies"))
+    by_seq = Window.partitionBy("publisher_id", "topic").orderBy("seq")
+    previous = F.lag("seq").over(by_seq)
+    gaps = (per_seq.select("publisher_id", "topic", "seq", previous.alias("prev"))
+            .where(F.col("seq") - F.col("prev") > 1)
+            .select("publisher_id", "topic", (F.col("prev") + 1).alias("first_missing"),
+                    (F.col("seq") - 1).alias("last_missing"), (F.col("seq") - F.col("prev") - 1).alias("missing")))
+    streams = per_seq.groupBy("publisher_id", "topic").agg(
+        F.min("seq").alias("first_seq"), F.max("seq").alias("last_seq"),
+        F.count(F.lit(1)).alias("distinct_events"), F.sum("copies").alias("events"))
+    return {"streams": streams, "gaps": gaps, "duplicates": per_seq.where(F.col("copies") > 1)}
+
+
+def _order_violations(rows: "DataFrame") -> "DataFrame":
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    before = (Window.partitionBy("table", "key").orderBy("received_at", "publisher_id", "seq")
+              .rowsBetween(Window.unboundedPreceding, -1))
+    firsts = rows.dropDuplicates(["publisher_id", "topic", "seq"])
+    return (firsts.withColumn("max_version_before", F.max("version").over(before))
+            .where(F.col("version") <= F.col("max_version_before"))
+            .select("table", "key", "topic", "action", "version", "max_version_before", "publisher_id", "seq",
+                    "received_at"))
+
+
+def _latency_tables(rows: "DataFrame", bucket: float) -> dict[str, "DataFrame"]:
+    from pyspark.sql import functions as F
+
+    lat = rows.select(
+        "topic", "received_at",
+        F.when(F.col("sent_at") > 0, F.col("received_at") - F.col("sent_at")).alias("delivery"),
+        F.when(F.col("timestamp") > 0, F.col("received_at") - F.col("timestamp")).alias("end_to_end"))
+    aggs = [F.count(F.lit(1)).alias("events")]
+    for name in ("delivery", "end_to_end"):
+        quantiles = F.percentile_approx(name, list(PERCENTILES))
+        aggs += [quantiles[i].alias(f"{name}_p{round(p * 100)}") for i, p in enumerate(PERCENTILES)]
+        aggs.append(F.max(name).alias(f"{name}_max"))
+    latency = lat.groupBy("topic").agg(*aggs)
+    quantiles = F.percentile_approx("delivery", [0.5, 0.99])
+    rates = (lat.withColumn("bucket_start", F.floor(F.col("received_at") / bucket) * bucket)
+             .groupBy("topic", "bucket_start")
+             .agg(F.count(F.lit(1)).alias("events"), quantiles[0].alias("delivery_p50"),
+                  quantiles[1].alias("delivery_p99"))
+             .withColumn("events_per_s", F.col("events") / F.lit(bucket)))
+    return {"latency": latency, "rates": rates}
+
+
+def audit(
+    spark: "SparkSession",
+    log_root: str,
+    out: str,
+    topics: Iterable[str] | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    bucket: float = 60.0,
+    top: int = 20,
+) -> AuditResult:
+    """Audit the log under ``log_root`` (pruned to ``topics`` and dates [since, until]) into ``out``."""
+    from pyspark import StorageLevel
+
+    started = time.monotonic()
+    segments = list_segments(HadoopFs(spark, log_root), log_root, topics, since, until)
+    rows = read_segments(spark, log_root, segments).persist(StorageLevel.DISK_ONLY)
+    tables = {**_stream_tables(rows), "order_violations": _order_violations(rows), **_latency_tables(rows, bucket)}
+    base = out.rstrip("/")
+    for name in _TABLES:
+        tables[name].coalesce(1).write.mode("overwrite").parquet(f"{base}/{name}")
+    rows.unpersist()
+    written = {name: spark.read.parquet(f"{base}/{name}") for name in _TABLES}
+    summary = _summarise(written, len(segments), bucket, top)
+    rates = [r.asDict() for r in written["rates"].orderBy("bucket_start").collect()]
+    fs = HadoopFs(spark, base)
+    fs.write_bytes(f"{base}/summary.json", json.dumps(summary, indent=1, sort_keys=True).encode())
+    fs.write_bytes(f"{base}/summary.txt", render_text(summary).encode())
+    png = plot_png(rates, summary["latency"], bucket)
+    if png is not None:
+        fs.write_bytes(f"{base}/audit.png", png)
+    return AuditResult(summary, base, time.monotonic() - started)
+
+
+def _summarise(t: dict[str, "DataFrame"], segments: int, bucket: float, top: int) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    streams = t["streams"].agg(F.count(F.lit(1)).alias("streams"), F.countDistinct("publisher_id").alias("publishers"),
+                               F.sum("events").alias("events"), F.sum("distinct_events").alias("distinct")).first()
+    gaps = t["gaps"].agg(F.count(F.lit(1)).alias("n"), F.sum("missing").alias("missing")).first()
+    dups = t["duplicates"].agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("extra")).first()
+    peak = t["rates"].agg(F.max("events_per_s").alias("peak")).first()
+
+    def rows(df: "DataFrame", order: list[Any]) -> list[dict[str, Any]]:
+        return [r.asDict() for r in df.orderBy(*order).limit(top).collect()]
+
+    return {
+        "segments": segments,
+        "events": int(streams["events"] or 0),
+        "distinct_events": int(streams["distinct"] or 0),
+        "publishers": int(streams["publishers"] or 0),
+        "streams": int(streams["streams"] or 0),
+        "gaps": {"count": int(gaps["n"] or 0), "missing_events": int(gaps["missing"] or 0),
+                 "largest": rows(t["gaps"], [F.desc("missing"), "publisher_id", "topic", "first_missing"])},
+        "duplicates": {"sequences": int(dups["n"] or 0), "extra_copies": int(dups["extra"] or 0),
+                       "most_copied": rows(t["duplicates"], [F.desc("copies"), "publisher_id", "topic", "seq"])},
+        "order_violations": {"count": t["order_violations"].count(),
+                             "first": rows(t["order_violations"], ["received_at", "table", "key"])},
+        "latency": {r["topic"]: {k: v for k, v in r.asDict().items() if k != "topic"}
+                    for r in t["latency"].orderBy("topic").collect()},
+        "rates": {"bucket_seconds": bucket, "peak_events_per_s": float(peak["peak"] or 0.0)},
+    }
