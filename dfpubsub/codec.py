@@ -186,7 +186,7 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     return env
 
 
-def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
+def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check_events: bool = True) -> Envelope:
     """Decode an envelope but only count the events of an event envelope.
 
     The result's ``events`` is None and ``frame`` keeps the bytes for
@@ -205,21 +205,23 @@ def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> En
             if data[:1] == b"\xc1":  # the one byte msgpack never uses
                 raise DecodeError("not_msgpack", "reserved byte 0xc1") from exc
             raise _malformed("envelope must be a map") from exc
-        for _ in range(n):
+        for i in range(n):
             key = unpacker.unpack()
             if key == "events":
                 try:
                     count = unpacker.read_array_header()
                 except ValueError as exc:
                     raise _malformed("field 'events' must be an array") from exc
+                obj[key] = count
+                if not check_events and i == n - 1:
+                    break
                 for _ in range(count):
                     unpacker.skip()
-                obj[key] = count
             else:
                 obj[key] = unpacker.unpack()  # type: ignore[index]
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise _msgpack_error(exc) from exc
-    if unpacker.tell() != len(data):
+    if check_events and unpacker.tell() != len(data):
         raise _malformed("trailing bytes after the envelope")
     env = _envelope(obj, data)
     if type(env) is EventBatch:
