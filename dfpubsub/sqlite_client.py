@@ -1,21 +1,26 @@
-"""Opening the embedded SQLite database that the store, the queues and discovery share."""
+"""The embedded SQLite database that the store, the queues and discovery share: one connection
+per process, used under one lock."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from .errors import StoreUnavailable
 
-__all__ = ["connect_sqlite"]
+__all__ = ["SqliteDb", "connect_sqlite"]
+
+T = TypeVar("T")
 
 
 def connect_sqlite(path: str, schema: str, what: str, *, timeout: float = 5.0,
                    synchronous: str = "NORMAL") -> sqlite3.Connection:
     """A connection in autocommit mode and WAL, usable from any thread, with ``schema`` applied.
 
-    ``timeout`` bounds the wait for another process's write lock. One
-    connection per process: callers reopen after a fork. Raises
+    ``timeout`` bounds the wait for another process's write lock. Raises
     :class:`StoreUnavailable` naming ``what`` when the file cannot be opened.
     """
     try:
@@ -28,3 +33,61 @@ def connect_sqlite(path: str, schema: str, what: str, *, timeout: float = 5.0,
     except (sqlite3.Error, OSError) as exc:
         raise StoreUnavailable(f"cannot open SQLite {what} {path}: {exc}") from exc
     return conn
+
+
+class SqliteDb:
+    """This process's connection to ``path`` (``what`` names it in errors), opened now.
+
+    A connection must not cross a fork: a child opens its own at its first
+    call. Calls are serialised by one lock; sqlite3 errors become
+    :class:`StoreUnavailable`.
+    """
+
+    def __init__(self, path: str, schema: str, what: str, *, timeout: float = 5.0, synchronous: str = "NORMAL"):
+        self.path = path
+        self.what = what
+        self._schema = schema
+        self._timeout = timeout
+        self._synchronous = synchronous
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._conn: sqlite3.Connection | None = None
+        with self._lock:
+            self._connection()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():
+            self._conn = connect_sqlite(self.path, self._schema, self.what, timeout=self._timeout,
+                                        synchronous=self._synchronous)
+            self._pid = os.getpid()
+        return self._conn
+
+    def run(self, fn: Callable[[sqlite3.Connection], T], doing: str = "call") -> T:
+        """``fn(conn)`` under the lock (autocommitted statements, or a transaction it opens)."""
+        with self._lock:
+            try:
+                return fn(self._connection())
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite {self.what} {self.path}: {doing} failed: {exc}") from exc
+
+    def transaction(self, fn: Callable[[sqlite3.Connection], T], doing: str = "write") -> T:
+        """``fn(conn)`` in one write transaction, rolled back if it raises."""
+
+        def tx(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return self.run(tx, doing)
+
+    def close(self) -> None:
+        """Close this process's connection (a parent's, inherited over a fork, is left alone)."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None

@@ -15,14 +15,11 @@ its own connection.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import threading
 import time
 from typing import Any
 
-from ..errors import StoreUnavailable
-from ..sqlite_client import connect_sqlite
+from ..sqlite_client import SqliteDb
 from .api import Discovery, PublisherRecord
 
 __all__ = ["SqliteDiscovery"]
@@ -54,26 +51,11 @@ class SqliteDiscovery(Discovery):
                  timeout: float | None = None):
         super().__init__(f"sqlite://{'/' if path == ':memory:' else ''}{path}", ttl, renew_interval, prefix, timeout)
         self.path = path
-        self._db_lock = threading.Lock()
-        self._pid = -1
-        self._conn: sqlite3.Connection | None = None
-        with self._db_lock:
-            self._connect()
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._conn is not None and self._pid == os.getpid():
-            return self._conn
         # The busy timeout bounds the wait for the write lock: a renewal must not hang past its tick.
-        conn = connect_sqlite(self.path, _SCHEMA, "discovery", timeout=self.timeout)
-        self._conn, self._pid = conn, os.getpid()
-        return conn
+        self._db = SqliteDb(path, _SCHEMA, "discovery", timeout=self.timeout)
 
     def _run(self, what: str, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
-        with self._db_lock:
-            try:
-                return self._connect().execute(sql, args)
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"SQLite discovery {self.path}: {what} failed: {exc}") from exc
+        return self._db.run(lambda conn: conn.execute(sql, args), what)
 
     def _create(self, record: PublisherRecord) -> None:
         self._run("register", _UPSERT,
@@ -110,7 +92,4 @@ class SqliteDiscovery(Discovery):
         return out
 
     def _close(self) -> None:
-        with self._db_lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+        self._db.close()

@@ -84,7 +84,6 @@ class DeliveryWorker:
         self._endpoints: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], Endpoint] = {}
         self._inflight = asyncio.Semaphore(options.max_inflight)
         self._log = RateLimitedLog(log, interval=5.0)
-        self._stop: asyncio.Event | None = None
 
     def owned(self) -> dict[str, str]:
         """Shards this worker owns now: shard -> topic."""
@@ -99,7 +98,6 @@ class DeliveryWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and deliver until ``stop`` is set; then stop the shards and release their leases."""
-        self._stop = stop
         try:
             while not stop.is_set():
                 try:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import QueueFull, QueueNotFound, ReservationNotFound, StoreUnavailable
-from ..sqlite_client import connect_sqlite
+from ..errors import QueueFull, QueueNotFound, ReservationNotFound
+from ..sqlite_client import SqliteDb
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 
 __all__ = ["SqliteQueues"]
@@ -138,53 +137,30 @@ class SqliteQueues(QueueStore):
     ):
         super().__init__(clock)
         self.path = path
-        self._synchronous = synchronous
-        self._busy_timeout = busy_timeout
-        self._mutex = threading.Lock()
-        self._pid = -1
-        self._conn: sqlite3.Connection | None = None
-        with self._mutex:
-            self._connect()
+        self._db = SqliteDb(path, _SCHEMA, "queues", timeout=busy_timeout, synchronous=synchronous)
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        """This process's connection (call with the lock held)."""
-        if self._conn is not None and self._pid == os.getpid():
-            return self._conn
-        conn = connect_sqlite(self.path, _SCHEMA, "queues", timeout=self._busy_timeout,
-                              synchronous=self._synchronous)
-        self._conn, self._pid = conn, os.getpid()
-        return conn
-
     def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(conn)`` in one autocommitted call, or a transaction ``fn`` opens itself."""
-        with self._mutex:
-            try:
-                return fn(self._connect())
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"SQLite queues {self.path}: {exc}") from exc
+        return self._db.run(fn)
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(conn)`` in a write transaction; rolled back if it raises."""
-
-        def run(conn: sqlite3.Connection) -> T:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
-
-        return self._run(run)
+        return self._db.transaction(fn)
 
     @staticmethod
     def _missing(conn: sqlite3.Connection, name: str) -> QueueNotFound | None:
         if conn.execute("SELECT 1 FROM q_queues WHERE name = ?", (name,)).fetchone() is None:
             return QueueNotFound(f"no queue {name!r}")
         return None
+
+    @classmethod
+    def _require(cls, conn: sqlite3.Connection, name: str) -> None:
+        """Raise QueueNotFound unless ``name`` exists (asked only when a statement matched nothing)."""
+        missing = cls._missing(conn, name)
+        if missing:
+            raise missing
 
     # -- registry ------------------------------------------------------------------------------
 
@@ -309,9 +285,7 @@ class SqliteQueues(QueueStore):
             row = conn.execute("DELETE FROM q_reservations WHERE queue = ? AND id = ? RETURNING expires_at",
                                (name, res_id)).fetchall()
             if not row:
-                missing = self._missing(conn, name)
-                if missing:
-                    raise missing
+                self._require(conn, name)
                 return False
             return row[0][0] >= now
 
@@ -324,9 +298,7 @@ class SqliteQueues(QueueStore):
             rows = conn.execute("SELECT seq, data, enqueued_at FROM q_entries WHERE queue = ? AND seq > ? "
                                 "ORDER BY seq LIMIT ?", (name, after, max + 1)).fetchall()
             if not rows:
-                missing = self._missing(conn, name)
-                if missing:
-                    raise missing
+                self._require(conn, name)
             return rows
 
         rows = self._run(run)
@@ -336,9 +308,7 @@ class SqliteQueues(QueueStore):
         def run(conn: sqlite3.Connection) -> int:
             n = conn.execute("DELETE FROM q_entries WHERE queue = ? AND seq <= ?", (name, up_to)).rowcount
             if not n:
-                missing = self._missing(conn, name)
-                if missing:
-                    raise missing
+                self._require(conn, name)
             return n
 
         return self._run(run)
@@ -364,9 +334,7 @@ class SqliteQueues(QueueStore):
                 "UPDATE q_queues SET owner = ?, owner_until = ? WHERE name = ? "
                 "AND (owner IS NULL OR owner = ? OR owner_until < ?)", (owner, until, name, owner, now)).rowcount
             if not taken:
-                missing = self._missing(conn, name)
-                if missing:
-                    raise missing
+                self._require(conn, name)
             return bool(taken)
 
         return self._run(run)
@@ -391,9 +359,7 @@ class SqliteQueues(QueueStore):
                 "INSERT INTO q_dead_letters SELECT name, ?, ?, ?, ? FROM q_queues WHERE name = ? "
                 "ON CONFLICT DO NOTHING", (marker, reason, now, data, name)).rowcount
             if not added:
-                missing = self._missing(conn, name)
-                if missing:
-                    raise missing
+                self._require(conn, name)
             return bool(added)
 
         return self._run(run)
@@ -430,7 +396,4 @@ class SqliteQueues(QueueStore):
                                                   (kind, name)).rowcount))
 
     def close(self) -> None:
-        with self._mutex:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+        self._db.close()

@@ -8,15 +8,13 @@ increasing across every process sharing the file. Readers never block writers
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import AlreadyExists, NotFound, StoreUnavailable, VersionConflict
+from ..errors import AlreadyExists, NotFound, VersionConflict
 from ..events import VersionedObject
-from ..sqlite_client import connect_sqlite
+from ..sqlite_client import SqliteDb
 from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
 
 __all__ = ["SqliteStore"]
@@ -70,42 +68,13 @@ class SqliteStore(Store):
     ):
         super().__init__(tables, max_value_bytes)
         self.path = path
-        self._synchronous = synchronous
-        self._busy_timeout = busy_timeout
-        self._lock = threading.Lock()
-        self._pid = -1
-        self._conn: sqlite3.Connection | None = None
-        self._connect()
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._conn is not None and self._pid == os.getpid():
-            return self._conn
-        conn = connect_sqlite(self.path, _SCHEMA, "store", timeout=self._busy_timeout,
-                              synchronous=self._synchronous)
-        self._conn, self._pid = conn, os.getpid()
-        return conn
+        self._db = SqliteDb(path, _SCHEMA, "store", timeout=busy_timeout, synchronous=synchronous)
 
     def _write(self, fn: Any) -> VersionedObject:
-        with self._lock:
-            conn = self._connect()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = fn(conn)
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-                return result
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"SQLite write failed: {exc}") from exc
+        return self._db.transaction(fn)
 
     def _read(self, sql: str, args: tuple) -> list[tuple]:
-        with self._lock:
-            try:
-                return self._connect().execute(sql, args).fetchall()
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"SQLite read failed: {exc}") from exc
+        return self._db.run(lambda conn: conn.execute(sql, args).fetchall(), "read")
 
     def _get(self, table: str, key: str) -> VersionedObject | None:
         rows = self._read("SELECT topic, version, value FROM nb_objects WHERE tbl = ? AND key = ?", (table, key))
@@ -168,13 +137,9 @@ class SqliteStore(Store):
 
     def _statement(self, sql: str, args: tuple) -> tuple | None:
         """Run one autocommitted write statement; its RETURNING row or None."""
-        with self._lock:
-            try:
-                # fetchall, not fetchone: the statement must run to its end to commit.
-                rows = self._connect().execute(sql, args).fetchall()
-                return rows[0] if rows else None
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"SQLite write failed: {exc}") from exc
+        # fetchall, not fetchone: the statement must run to its end to commit.
+        rows = self._db.run(lambda conn: conn.execute(sql, args).fetchall(), "write")
+        return rows[0] if rows else None
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
         row = self._statement(_INSERT, (table, key, topic, blob))
@@ -190,8 +155,7 @@ class SqliteStore(Store):
             sql, args = sql + " AND version = ?", (*args, expected)
         row = self._statement(sql + " RETURNING version, topic", args)
         if row is None:
-            with self._lock:
-                raise self._refusal(self._connect(), table, key, expected)
+            raise self._db.run(lambda conn: self._refusal(conn, table, key, expected), "read")
         return VersionedObject(row[1], table, key, row[0], value)
 
     def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject:
@@ -214,7 +178,4 @@ class SqliteStore(Store):
         return self._write(run)
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+        self._db.close()

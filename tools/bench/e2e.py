@@ -109,10 +109,7 @@ def run_pair(ctx: ForkServerContext, label: str, pub: Callable[..., None], sub: 
         sub_res = recv_from(sub_conn, procs, 60.0)
         pub_conn.send("exit")
     finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.terminate()
+        stop_all(procs)
     return pub_res, sub_res
 
 
@@ -167,6 +164,11 @@ class Recorder:
             self.last, self.last_count = t, self.count
             self.latencies.append(t - event.timestamp)
 
+    def rate(self) -> float:
+        """Events handled per second between the first and the last sampled one."""
+        window = self.last - self.first
+        return (self.last_count - 1) / window if window > 0 else 0.0
+
     def on_resync(self, topics: set[str]) -> None:
         """No DB to reconcile against: the requests (``on_gap``) are what the bench checks."""
 
@@ -188,6 +190,38 @@ class Recorder:
         return lost, dups
 
 
+def account(rec: Recorder, reports: list[dict[str, Any]],
+            started: tuple[float, float] | None = None) -> tuple[int, int, float]:
+    """Wait until every event the publishers ``reports`` (id and final sequences) sent was
+    delivered or lies in a reported hole, or delivery stalled for STALL_TIMEOUT; return (events
+    unaccounted for, duplicates, cores used from ``started`` (process, wall clock) until then)."""
+    want = sum(sum(r["seqs"].values()) for r in reports)
+    lost, dups, seen, cpu = want, 0, -1, 0.0
+    deadline = time.monotonic() + STALL_TIMEOUT
+    while time.monotonic() < deadline:
+        total = rec.count + rec.warm_count
+        if total != seen:
+            deadline = time.monotonic() + STALL_TIMEOUT  # still delivering
+        if total >= want or total == seen:  # complete, or stalled: count what is missing
+            if started is not None and not cpu:
+                cpu = (time.process_time() - started[0]) / (time.perf_counter() - started[1])
+            counts = [rec.unaccounted(r["id"], r["seqs"]) for r in reports]
+            lost, dups = sum(c[0] for c in counts), sum(c[1] for c in counts)
+            if lost == 0:
+                break
+        seen = total
+        time.sleep(0.05)
+    return lost, dups, cpu
+
+
+def stop_all(procs: list[BaseProcess]) -> None:
+    """Join the children, terminating those that do not exit within 5 s."""
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.terminate()
+
+
 def sub_worker(conn: Connection, warm: MpEvent, spec: DriverSpec) -> None:
     """Subscriber process: subscribe, deliver, then account for every event the publisher sent."""
     rec = Recorder(warm)
@@ -199,28 +233,13 @@ def sub_worker(conn: Connection, warm: MpEvent, spec: DriverSpec) -> None:
     if spec.connect:
         sub.connect(endpoint)
     sub.start()
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    started = time.process_time(), time.perf_counter()
     expected: dict[str, Any] = conn.recv()  # the publisher's report: its id and final sequences
-    pid, seqs = expected["id"], expected["seqs"]
-    want = sum(seqs.values())
-    lost, dups, seen, cpu = want, 0, -1, 0.0
-    deadline = time.monotonic() + STALL_TIMEOUT
-    while time.monotonic() < deadline:
-        total = rec.count + rec.warm_count
-        if total != seen:
-            deadline = time.monotonic() + STALL_TIMEOUT  # still delivering
-        if total >= want or total == seen:  # complete, or stalled: count what is missing
-            cpu = cpu or (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-            lost, dups = rec.unaccounted(pid, seqs)
-            if lost == 0:
-                break
-        seen = total
-        time.sleep(0.05)
+    lost, dups, cpu = account(rec, [expected], started)
     sub.close()
     lat = sorted(rec.latencies)
-    window = rec.last - rec.first
     conn.send({
-        "delivered": rec.count, "rate": (rec.last_count - 1) / window if window > 0 else 0.0,
+        "delivered": rec.count, "rate": rec.rate(),
         "p50_ms": lat[len(lat) // 2] * 1e3 if lat else 0.0, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3 if lat else 0.0,
         "lost_undetected": lost, "duplicates": dups, "cpu": cpu, "stats": stats.snapshot(),
         "requests": dict(Counter(f"{r.reason}{'' if r.missing else ' (no range)'}" for r in rec.requests)),

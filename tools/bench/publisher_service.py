@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
@@ -41,13 +40,14 @@ from dfpubsub.tools.bench.e2e import (
     CONNECT_TIMEOUT,
     EVENT_BYTES,
     HWM,
-    STALL_TIMEOUT,
     TOPICS,
     DriverSpec,
     Recorder,
+    account,
     recv_from,
     run_phase,
     send_loop,
+    stop_all,
     warm_up,
 )
 from dfpubsub.tools.servers import free_port
@@ -84,23 +84,9 @@ def subscriber(conn: Connection, warm: MpEvent, endpoint: str, workers: int) -> 
     sub.connect(endpoint)
     sub.start()
     reports: list[dict[str, Any]] = conn.recv()
-    want = sum(sum(r["seqs"].values()) for r in reports)
-    lost, dups, seen = want, 0, -1
-    deadline = time.monotonic() + STALL_TIMEOUT
-    while time.monotonic() < deadline:
-        total = rec.count + rec.warm_count
-        if total != seen:
-            deadline = time.monotonic() + STALL_TIMEOUT
-        if total >= want or total == seen:
-            counts = [rec.unaccounted(r["id"], r["seqs"]) for r in reports]
-            lost, dups = sum(c[0] for c in counts), sum(c[1] for c in counts)
-            if lost == 0:
-                break
-        seen = total
-        time.sleep(0.05)
+    lost, dups, _ = account(rec, reports)
     sub.close()
-    window = rec.last - rec.first
-    conn.send({"delivered": rec.count, "rate": (rec.last_count - 1) / window if window > 0 else 0.0,
+    conn.send({"delivered": rec.count, "rate": rec.rate(),
                "lost_undetected": lost, "duplicates": dups, "stats": stats.snapshot(),
                "requests": dict(Counter(r.reason for r in rec.requests))})
 
@@ -126,10 +112,7 @@ def service_phase(ctx: ForkServerContext, seconds: float, rate: float, workers: 
         for conn, _ in pipes:
             conn.send("exit")
     finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.terminate()
+        stop_all(procs)
         service.terminate()
         service.wait(10)
     sent = sum(r["sent"] for r in reports)
