@@ -70,6 +70,17 @@ class SqliteDb:
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"SQLite {self.what} {self.path}: {doing} failed: {exc}") from exc
 
+    def fetchall(self, sql: str, args: tuple, doing: str = "call") -> list[tuple]:
+        """One autocommitted statement run to its end (a write commits); its rows.
+
+        :meth:`run` with no closure to build: this is every store read and write.
+        """
+        with self._lock:
+            try:
+                return self._connection().execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite {self.what} {self.path}: {doing} failed: {exc}") from exc
+
     def transaction(self, fn: Callable[[sqlite3.Connection], T], doing: str = "write") -> T:
         """``fn(conn)`` in one write transaction, rolled back if it raises."""
 

@@ -74,7 +74,7 @@ class SqliteStore(Store):
         return self._db.transaction(fn)
 
     def _read(self, sql: str, args: tuple) -> list[tuple]:
-        return self._db.run(lambda conn: conn.execute(sql, args).fetchall(), "read")
+        return self._db.fetchall(sql, args, "read")
 
     def _get(self, table: str, key: str) -> VersionedObject | None:
         rows = self._read("SELECT topic, version, value FROM nb_objects WHERE tbl = ? AND key = ?", (table, key))
@@ -138,7 +138,7 @@ class SqliteStore(Store):
     def _statement(self, sql: str, args: tuple) -> tuple | None:
         """Run one autocommitted write statement; its RETURNING row or None."""
         # fetchall, not fetchone: the statement must run to its end to commit.
-        rows = self._db.run(lambda conn: conn.execute(sql, args).fetchall(), "write")
+        rows = self._db.fetchall(sql, args, "write")
         return rows[0] if rows else None
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
