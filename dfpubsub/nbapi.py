@@ -8,10 +8,11 @@ sends no event at all; the optional periodic reconcile of the controllers
 covers that window (docs/store.md).
 
 With a :class:`~dfpubsub.notify.producer.Notifier`, a write that persistent
-notification topics want reserves room in their queues first (a full queue
-fails the write with :class:`~dfpubsub.errors.QueueFull`, the store
-untouched), and commits the notifications once the store assigned the
-version; a failed store write aborts them (docs/notifications.md).
+notification topics want enqueues their notifications: in the write's own
+transaction when the queues live in the store's backend, else by reserving
+room first and committing once the store assigned the version. Either way a
+full queue fails the write with :class:`~dfpubsub.errors.QueueFull`, the store
+untouched (docs/notifications.md).
 
 :class:`NbApi` is synchronous, for forked web workers; :class:`AsyncNbApi`
 is the same for asyncio daemons.
@@ -20,7 +21,6 @@ is the same for asyncio daemons.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .config import Settings
@@ -82,7 +82,8 @@ class NbApi:
         if self.notifier is None:
             obj = self.store.create(table, key, value, topic)
         else:
-            obj = self._notified(Action.CREATE, table, key, value, lambda: self.store.create(table, key, value, topic))
+            obj = self.notifier.write(self.store, table, key, "create", value,
+                                      lambda outbox: self.store.create(table, key, value, topic, outbox=outbox))
         self._publish(Action.CREATE, obj)
         return obj
 
@@ -91,8 +92,8 @@ class NbApi:
         if self.notifier is None:
             obj = self.store.update(table, key, value, expected_version)
         else:
-            obj = self._notified(Action.UPDATE, table, key, value,
-                                 lambda: self.store.update(table, key, value, expected_version))
+            obj = self.notifier.write(self.store, table, key, "update", value, lambda outbox: self.store.update(
+                table, key, value, expected_version, outbox=outbox))
         self._publish(Action.UPDATE, obj)
         return obj
 
@@ -101,23 +102,9 @@ class NbApi:
         if self.notifier is None:
             obj = self.store.delete(table, key, expected_version)
         else:
-            obj = self._notified(Action.DELETE, table, key, None,
-                                 lambda: self.store.delete(table, key, expected_version))
+            obj = self.notifier.write(self.store, table, key, "delete", None,
+                                      lambda outbox: self.store.delete(table, key, expected_version, outbox=outbox))
         self._publish(Action.DELETE, obj)
-        return obj
-
-    def _notified(self, action: Action, table: str, key: str, value: Any,
-                  write: Callable[[], VersionedObject]) -> VersionedObject:
-        """Reserve the notifications, write, then commit them; abort on any exception."""
-        notifier = self.notifier
-        assert notifier is not None
-        pending = notifier.prepare(table, key, action.value, value)
-        try:
-            obj = write()
-        except BaseException:
-            notifier.abort(pending)
-            raise
-        notifier.commit(pending, obj)
         return obj
 
     def _publish(self, action: Action, obj: VersionedObject) -> None:

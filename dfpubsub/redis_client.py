@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from .errors import ConfigError, StoreError, StoreUnavailable
 
-__all__ = ["ProcessClient", "open_client", "redis_errors", "redacted"]
+__all__ = ["ProcessClient", "open_client", "redis_errors", "redacted", "server_location"]
 
 T = TypeVar("T")
 
@@ -44,6 +44,14 @@ def open_client(url: str, timeout: float, what: str) -> redis.Redis:
         )
     except ValueError as exc:
         raise ConfigError(f"invalid Redis {what} URL {redacted(url)!r}: {exc}") from exc
+
+
+def server_location(r: redis.Redis) -> str:
+    """The server and database ``r`` talks to, e.g. ``127.0.0.1:6379/0``: what the store and the
+    queues compare to find out whether one script can write both."""
+    kw = r.connection_pool.connection_kwargs
+    where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+    return f"{where}/{kw.get('db', 0)}"
 
 
 class ProcessClient(Generic[T]):

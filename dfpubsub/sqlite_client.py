@@ -11,9 +11,15 @@ from typing import TypeVar
 
 from .errors import StoreUnavailable
 
-__all__ = ["SqliteDb", "connect_sqlite"]
+__all__ = ["SqliteDb", "connect_sqlite", "file_location"]
 
 T = TypeVar("T")
+
+
+def file_location(path: str) -> str:
+    """The file ``path`` names, absolute and without links: what two handles on one file share.
+    "" for ``:memory:``, which every connection has to itself."""
+    return "" if path == ":memory:" else os.path.realpath(path)
 
 
 def connect_sqlite(path: str, schema: str, what: str, *, timeout: float = 5.0,

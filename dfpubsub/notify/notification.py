@@ -3,8 +3,9 @@
 A :class:`Notification` says what happened to one object (S3 style: an event
 name such as ``s3:ObjectCreated:Put`` on a key of a bucket or table) and is
 enough to render every endpoint format (see :mod:`dfpubsub.notify.records`).
-:func:`encode` packs it as a msgpack map tagged with a schema version;
-:func:`decode` validates every field and raises
+:func:`encode` packs it as a msgpack map tagged with a schema version (an
+entry the store's own write enqueued has the version in front of that map,
+:mod:`dfpubsub.store.outbox`, which :func:`decode` puts in); :func:`decode` validates every field and raises
 :class:`~dfpubsub.errors.NotificationDecodeError` with a countable reason
 (``oversize``, ``not_msgpack``, ``truncated``, ``schema_version``,
 ``malformed``) for anything else. How often delivery was attempted is the
@@ -20,8 +21,9 @@ from typing import Any
 
 import msgpack
 
-from ..errors import InvalidEvent, NotificationDecodeError
+from ..errors import InvalidEvent, InvalidValue, NotificationDecodeError
 from ..events import ACTIONS
+from ..store.outbox import split_versioned
 
 __all__ = [
     "NOTIFICATION_SCHEMA_VERSION",
@@ -86,20 +88,29 @@ def notification_id(topic: str, bucket: str, key: str, version: int) -> str:
     return f"{topic}:{bucket}:{key}:{version}"
 
 
-def _str_order(key: str) -> tuple[int, bytes]:
-    # The order of the keys' msgpack bytes, without packing: a str header grows with its length.
-    b = key.encode()
-    return len(b), b
+def _utf8_len(key: str) -> int:
+    return len(key.encode())
+
+
+#: Types _canonical() returns as they are (it runs on every notified write).
+_LEAVES = frozenset((str, int, float, bool, type(None), bytes))
+_STR = {str}
 
 
 def _canonical(value: Any) -> Any:
-    # Maps in key order (keys compared by their msgpack bytes, as they may be of mixed types),
-    # so equal values have equal digests whatever order their maps were built in.
+    # Maps in the order of their keys' msgpack bytes (keys may be of mixed types), so equal
+    # values have equal digests whatever order their maps were built in.
     if isinstance(value, dict):
-        order = _str_order if all(type(k) is str for k in value) else msgpack.packb
-        return {k: _canonical(value[k]) for k in sorted(value, key=order)}
+        if set(map(type, value)) == _STR:
+            # A str key's bytes are a header growing with its UTF-8 length, then UTF-8, which
+            # sorts like the code points: sort by those, then (stably) by length.
+            keys = sorted(value)
+            keys.sort(key=len if all(map(str.isascii, keys)) else _utf8_len)
+        else:
+            keys = sorted(value, key=msgpack.packb)
+        return {k: v if type(v := value[k]) in _LEAVES else _canonical(v) for k in keys}
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [v if type(v) in _LEAVES else _canonical(v) for v in value]
     return value
 
 
@@ -188,6 +199,10 @@ def decode(data: bytes, max_bytes: int = MAX_NOTIFICATION_BYTES) -> Notification
     if len(data) > max_bytes:
         raise NotificationDecodeError("oversize", f"{len(data)} bytes > limit {max_bytes}")
     try:
+        stored_version, data = split_versioned(bytes(data))
+    except InvalidValue as exc:
+        raise NotificationDecodeError("malformed", str(exc)) from exc
+    try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except msgpack.ExtraData as exc:
         raise NotificationDecodeError("malformed", "trailing bytes after the notification") from exc
@@ -214,6 +229,9 @@ def decode(data: bytes, max_bytes: int = MAX_NOTIFICATION_BYTES) -> Notification
             )
         values.append(value)
     n = Notification(*values)
+    if stored_version is not None:  # enqueued by the store's write, which knew the version only then
+        n.version = stored_version
+        n.id = notification_id(n.topic, n.bucket, n.key, stored_version)
     if not n.id or not n.topic or not n.event_name or not n.bucket:
         raise NotificationDecodeError("malformed", "empty id, topic, event_name or bucket")
     if n.action not in ACTIONS or n.version < 0 or n.size < 0:

@@ -55,9 +55,11 @@ from ..events import VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..queues import QueueStore
+from ..store import Store
+from ..store.outbox import Outbox
 from ..queues.sharding import shard_for
 from .notification import Notification, encode, notification_id, value_digest
-from .registry import NotificationRegistry
+from .registry import Match, NotificationRegistry
 from .topics import Topic, event_name
 
 __all__ = ["Notifier", "Pending", "DEFAULT_CREDIT", "DEFAULT_CREDIT_SIZE"]
@@ -161,6 +163,57 @@ class Notifier:
 
     # -- the write path ------------------------------------------------------------------------
 
+    def write(self, store: Store, table: str, key: str, action: str, value: Any,
+              write: Callable[[Outbox | None], VersionedObject]) -> VersionedObject:
+        """Run ``write`` (a store write of ``key`` in ``table`` by ``action``, leaving ``value``)
+        with its persistent notifications; what it returned.
+
+        When the queues live in ``store``'s backend, the notifications go in
+        the write itself (``write`` gets an outbox for the store: one atomic
+        step, no reservation); otherwise :meth:`prepare`, ``write(None)``,
+        then :meth:`commit`, or :meth:`abort` if it raised. QueueFull fails
+        the write before the store changes, either way.
+        """
+        if not self.queues.shares_store(store):
+            pending = self.prepare(table, key, action, value)
+            try:
+                obj = write(None)
+            except BaseException:
+                self.abort(pending)
+                raise
+            self.commit(pending, obj)
+            return obj
+        action = getattr(action, "value", action)
+        matches = self._persistent(table, key, action)
+        if not matches:
+            return write(None)
+        name, size, etag = self._digest(table, key, action, value)
+        when, writer = self._clock(), self.publisher
+        entries = []
+        for topic, config in matches:
+            assert topic.shards is not None
+            # The store puts the version in front of the body (dfpubsub/store/outbox.py); decode() fills in the id.
+            n = Notification("", topic.name, name, action, table, key, 0, size, etag, when, None,
+                             topic.opaque_data, writer, config.id)
+            entries.append((shard_for(topic.name, topic.shards, table, key), encode(n)))
+        outbox = self.queues.outbox(entries)
+        try:
+            obj = write(outbox)
+        except QueueFull as exc:
+            topic = next((m.topic.name for m, (q, _) in zip(matches, entries) if q == exc.queue), exc.queue)
+            self.stats.inc("notifications_refused", reason=topic)
+            raise
+        if outbox.skipped:  # a topic was deleted or made non-persistent since the registry's snapshot
+            self.registry.invalidate()
+        self.stats.inc("notifications_enqueued", len(entries) - outbox.skipped)
+        return obj
+
+    def _persistent(self, table: str, key: str, action: str) -> list[Match]:
+        """The (topic, configuration) matches of a change that persistent topics want."""
+        if key.__class__ is not str:  # the store refuses it; no topic can match it
+            return []
+        return [m for m in self.registry.matching_topics(table, key, action) if m.topic.persistent]
+
     def prepare(self, table: str, key: str, action: str, value: Any = None, *,
                 publisher: str | None = None, event_time: float | None = None) -> Pending:
         """Reserve room for the notifications of a change of ``key`` in ``table`` by ``action``
@@ -173,10 +226,8 @@ class Notifier:
         write must not happen then. A falsy Pending means no persistent topic
         wants the change.
         """
-        if key.__class__ is not str:  # the store refuses it; no topic can match it
-            return _NOTHING
         action = getattr(action, "value", action)
-        matches = [m for m in self.registry.matching_topics(table, key, action) if m.topic.persistent]
+        matches = self._persistent(table, key, action)
         if not matches:
             return _NOTHING
         if self._pid != os.getpid():

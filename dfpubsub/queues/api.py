@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..errors import InvalidValue
+from ..store import Store
+from ..store.outbox import Outbox
 
 __all__ = [
     "QueueStore",
@@ -160,9 +162,27 @@ class QueueStore(abc.ABC):
     backend: str = ""
     #: Most reservations or entries one reserve_many() / commit_many() may carry.
     max_batch: int = 1000
+    #: Where the queues live, as stores name it (:attr:`dfpubsub.store.Store.location`); "" if nowhere
+    #: a store can share.
+    location: str = ""
 
     def __init__(self, clock: Callable[[], float] = time.time):
         self.clock = clock
+
+    # -- the transactional outbox ---------------------------------------------------------
+
+    def shares_store(self, store: Store) -> bool:
+        """Whether ``store`` can append to these queues in its own writes (:meth:`outbox`)."""
+        return bool(self.location) and store.backend == self.backend and store.location == self.location
+
+    def outbox(self, entries: list[tuple[str, bytes]]) -> Outbox:
+        """An outbox appending ``(queue, body)`` entries atomically with one write of a store
+        that :meth:`shares_store`: each entry checked against its queue's bounds (QueueFull
+        fails the write), no reservation needed (:mod:`dfpubsub.store.outbox`).
+
+        InvalidValue on a backend that has no outbox.
+        """
+        raise InvalidValue(f"the {self.backend} queues cannot append in a store's writes")
 
     # -- the registry of queues ---------------------------------------------------------
 

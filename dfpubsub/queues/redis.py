@@ -33,7 +33,8 @@ import redis
 from redis.commands.core import Script
 
 from ..errors import ConfigError, QueueFull, QueueNotFound, ReservationNotFound
-from ..redis_client import ProcessClient, open_client, redacted, redis_errors
+from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
+from ..store.outbox import Outbox, RedisOutbox
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 
 __all__ = ["RedisQueues"]
@@ -189,6 +190,59 @@ redis.call('DEL', KEYS[1])
 return n
 """
 
+# The outbox's half of a fused store write (dfpubsub/store/outbox.py, store/redis.py). Per
+# entry i: KEYS[KB + 3i - 2 .. KB + 3i] its queue's meta, reservations and entries; ARGV[AB + 1]
+# now, ARGV[AB + 1 + i] its body. The room an entry needs counts the widest version prefix. The
+# check reads each queue once (two entries may share one) and the append goes on from what it read.
+_OUTBOX = _LIB + """
+local OB_N, ob = (#KEYS - KB) / 3, {}
+local function outbox_check()
+  local now = ARGV[AB + 1]
+  for i = 1, OB_N do
+    local k = KB + 3 * (i - 1)
+    local meta, res = KEYS[k + 1], KEYS[k + 2]
+    local q = ob[meta]
+    if q == nil then
+      q = false
+      local m = redis.call('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
+      if m[1] then
+        local held, reserved = 0, tonumber(m[4])
+        if reserved > 0 then  -- else there are no reservations to count or sweep
+          reserved = reserved - sweep(meta, res, now)
+          held = redis.call('ZCARD', res)
+        end
+        q = {max_bytes = tonumber(m[1]), max_entries = tonumber(m[2]), used = tonumber(m[3]) + reserved,
+             count = redis.call('XLEN', KEYS[k + 3]) + held, bytes = tonumber(m[3]), seq = tonumber(m[5])}
+      end
+      ob[meta] = q
+    end
+    if q then
+      q.used = q.used + 21 + string.len(ARGV[AB + 1 + i])
+      q.count = q.count + 1
+      if q.used > q.max_bytes or q.count > q.max_entries then return i end
+    end
+  end
+  return nil
+end
+local function outbox_append(v)
+  local head, now, skipped = string.char(160 + string.len(v)) .. v, ARGV[AB + 1], 0
+  for i = 1, OB_N do
+    local k = KB + 3 * (i - 1)
+    local q = ob[KEYS[k + 1]]
+    if q then
+      local data = head .. ARGV[AB + 1 + i]
+      q.seq = q.seq + 1
+      q.bytes = q.bytes + string.len(data)
+      redis.call('XADD', KEYS[k + 3], int(q.seq) .. '-0', 't', now, 'd', data)
+      redis.call('HSET', KEYS[k + 1], 'seq', int(q.seq), 'bytes', int(q.bytes))
+    else
+      skipped = skipped + 1
+    end
+  end
+  return skipped
+end
+"""
+
 _SCRIPTS = {
     "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "stats": _STATS,
     "create": _CREATE, "delete": _DELETE, "lock": _LOCK, "unlock": _UNLOCK, "dead_letter": _DEAD_LETTER,
@@ -202,6 +256,24 @@ class _Client:
 
     r: redis.Redis
     scripts: dict[str, Script]
+
+
+class _Outbox(RedisOutbox):
+    """Keys and arguments of the entries for the store's fused script (see _OUTBOX)."""
+
+    LUA = _OUTBOX
+
+    def __init__(self, location: str, entries: list[tuple[str, bytes]], ns: str, now: float):
+        super().__init__(location, entries)
+        self._ns = ns
+        self._now = now
+
+    def keys(self) -> list[str]:
+        ns = self._ns
+        return [f"{ns}{kind}:{name}" for name, _ in self.entries for kind in ("m", "r", "e")]
+
+    def args(self) -> list[Any]:
+        return [repr(self._now), *(body for _, body in self.entries)]
 
 
 class RedisQueues(QueueStore):
@@ -222,7 +294,12 @@ class RedisQueues(QueueStore):
         self._registry = self._ns + "queues"
         self._rid = self._ns + "rid"
         self._client = ProcessClient(self._new_client, lambda c: c.r.close())
-        self._client.get()  # validates the URL; connections are opened on first use
+        # Validates the URL; connections are opened on first use.
+        self.location = server_location(self._client.get().r)
+
+    def outbox(self, entries: list[tuple[str, bytes]]) -> Outbox:
+        """See :meth:`QueueStore.outbox`."""
+        return _Outbox(self.location, entries, self._ns, self.clock())
 
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "queues")

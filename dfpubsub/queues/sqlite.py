@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import QueueFull, QueueNotFound, ReservationNotFound
-from ..sqlite_client import SqliteDb
+from ..sqlite_client import SqliteDb, file_location
+from ..store.outbox import Outbox, SqliteOutbox, versioned
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 
 __all__ = ["SqliteQueues"]
@@ -111,6 +112,12 @@ WHERE q.name = :name AND r.expires_at >= :now
 RETURNING seq
 """
 _COMMIT_MANY = _COMMIT.replace("RETURNING seq", "")
+# An outbox's entry: no reservation, the bounds checked by the insert itself.
+_APPEND = """
+INSERT INTO q_entries (queue, seq, res, size, enqueued_at, data)
+SELECT name, seq + 1, '', :size, :now, :data FROM q_queues
+WHERE name = :name AND bytes + reserved_bytes + :size <= max_bytes AND entries + reservations < max_entries
+"""
 _SWEEP = "DELETE FROM q_reservations WHERE queue = ? AND expires_at < ?"
 _QUEUE = "SELECT max_bytes, max_entries, stale_after, created_at FROM q_queues WHERE name = ?"
 _STATS = """
@@ -121,6 +128,29 @@ FROM q_queues WHERE name = ?
 
 class _Refused(Exception):
     """A commit of a batch matched nothing: roll the batch back."""
+
+
+class _Outbox(SqliteOutbox):
+    """Appends in the store's transaction: the bounds checked by the insert; on a refusal,
+    expired reservations are swept and the insert tried again before QueueFull."""
+
+    def __init__(self, location: str, entries: list[tuple[str, bytes]], now: float):
+        super().__init__(location, entries)
+        self.now = now
+
+    def apply(self, conn: sqlite3.Connection, version: int) -> None:
+        for name, body in self.entries:
+            data = versioned(version, body)
+            args = {"name": name, "size": len(data), "now": self.now, "data": data}
+            if conn.execute(_APPEND, args).rowcount:
+                continue
+            conn.execute(_SWEEP, (name, self.now))
+            if conn.execute(_APPEND, args).rowcount:
+                continue
+            if conn.execute("SELECT 1 FROM q_queues WHERE name = ?", (name,)).fetchone() is None:
+                self.skipped += 1
+                continue
+            raise QueueFull(name, f"no room for an entry of {len(data)} bytes")
 
 
 class SqliteQueues(QueueStore):
@@ -137,6 +167,7 @@ class SqliteQueues(QueueStore):
     ):
         super().__init__(clock)
         self.path = path
+        self.location = file_location(path)
         self._db = SqliteDb(path, _SCHEMA, "queues", timeout=busy_timeout, synchronous=synchronous)
 
     # -- plumbing --------------------------------------------------------------------------
@@ -197,6 +228,10 @@ class SqliteQueues(QueueStore):
         return QueueInfo(name, *row)
 
     # -- writers ---------------------------------------------------------------------------------
+
+    def outbox(self, entries: list[tuple[str, bytes]]) -> Outbox:
+        """See :meth:`QueueStore.outbox`."""
+        return _Outbox(self.location, entries, self.clock())
 
     def _reserve(self, name: str, size: int, now: float) -> str:
         args = {"id": os.urandom(8).hex(), "size": size, "now": now, "name": name}

@@ -23,6 +23,7 @@ import msgpack
 
 from ..errors import InvalidValue, UnknownTable, ValueTooLarge
 from ..events import VersionedObject
+from .outbox import Outbox
 
 __all__ = ["Store", "AsyncStore", "ObjectVersion", "DEFAULT_MAX_VALUE_BYTES"]
 
@@ -55,6 +56,9 @@ class Store(abc.ABC):
 
     #: Short name of the backend ("sqlite", "etcd", "redis").
     backend: str = ""
+    #: Where the data lives (a file, a server and database), as queue backends name it to find
+    #: out whether they share it (:mod:`dfpubsub.store.outbox`); "" where nothing can share it.
+    location: str = ""
 
     def __init__(self, tables: Iterable[str], max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES):
         tables = frozenset(tables)
@@ -98,29 +102,37 @@ class Store(abc.ABC):
             self._check(table, key)
         return self._get_many(refs) if refs else []
 
-    def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
-        """Create an object; :class:`~dfpubsub.errors.AlreadyExists` if it exists."""
-        self._check(table, key)
-        return self._create(table, key, self._topic(table, topic), self._encode(table, key, value), value)
+    def create(self, table: str, key: str, value: Any, topic: str | None = None, *,
+               outbox: Outbox | None = None) -> VersionedObject:
+        """Create an object; :class:`~dfpubsub.errors.AlreadyExists` if it exists.
+
+        With ``outbox``, its queue entries are appended in the same atomic
+        step (:mod:`dfpubsub.store.outbox`); QueueFull then fails the write.
+        """
+        self._check(table, key, outbox)
+        return self._create(table, key, self._topic(table, topic), self._encode(table, key, value), value, outbox)
 
     def update(
-        self, table: str, key: str, value: Any, expected_version: int | None = None, topic: str | None = None
+        self, table: str, key: str, value: Any, expected_version: int | None = None, topic: str | None = None, *,
+        outbox: Outbox | None = None,
     ) -> VersionedObject:
         """Replace an object's value (and topic, if given).
 
         :class:`~dfpubsub.errors.NotFound` if it does not exist;
         :class:`~dfpubsub.errors.VersionConflict` if ``expected_version`` is
-        given and differs.
+        given and differs. ``outbox`` as for :meth:`create`.
         """
-        self._check(table, key)
+        self._check(table, key, outbox)
         if topic is not None:
             self._topic(table, topic)
-        return self._update(table, key, topic, self._encode(table, key, value), value, expected_version)
+        return self._update(table, key, topic, self._encode(table, key, value), value, expected_version, outbox)
 
-    def delete(self, table: str, key: str, expected_version: int | None = None) -> VersionedObject:
-        """Delete an object; returns it with the deletion's version and no value."""
-        self._check(table, key)
-        return self._delete(table, key, expected_version)
+    def delete(self, table: str, key: str, expected_version: int | None = None, *,
+               outbox: Outbox | None = None) -> VersionedObject:
+        """Delete an object; returns it with the deletion's version and no value. ``outbox``
+        as for :meth:`create`."""
+        self._check(table, key, outbox)
+        return self._delete(table, key, expected_version, outbox)
 
     def drop_all(self) -> int:
         """Delete every object of every table without publishing; returns how many."""
@@ -142,7 +154,9 @@ class Store(abc.ABC):
 
     # -- validation --------------------------------------------------------------
 
-    def _check(self, table: str, key: str | None = None) -> None:
+    def _check(self, table: str, key: str | None = None, outbox: Outbox | None = None) -> None:
+        if outbox is not None:
+            outbox.check_store(self.backend, self.location)
         if table not in self.tables:
             raise UnknownTable(f"unknown table {table!r}; tables: {', '.join(sorted(self.tables)) or 'none'}")
         if key is not None:
@@ -182,15 +196,17 @@ class Store(abc.ABC):
         return [o for o in (self._get(t, k) for t, k in refs) if o is not None]
 
     @abc.abstractmethod
-    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject: ...
+    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
+                outbox: Outbox | None) -> VersionedObject: ...
 
     @abc.abstractmethod
     def _update(
-        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
+        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None,
+        outbox: Outbox | None,
     ) -> VersionedObject: ...
 
     @abc.abstractmethod
-    def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject: ...
+    def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject: ...
 
     @abc.abstractmethod
     def _drop_all(self) -> int: ...

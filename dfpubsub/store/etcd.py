@@ -50,6 +50,7 @@ from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, Vers
 from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints, status_code
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
+from .outbox import Outbox
 
 __all__ = ["EtcdStore"]
 
@@ -334,7 +335,9 @@ class EtcdStore(Store):
                     out.append(VersionedObject(topic, table, key, kvs[0].mod_revision, decode_value(kvs[0].value)))
         return out
 
-    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
+    # No outbox reaches these: no queue backend shares an etcd store's location (it has none).
+    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
+                outbox: Outbox | None) -> VersionedObject:
         path, topic_path = self._paths(table, key)
         absent = rpc.Compare(key=path, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
         response = self._commit(_txn([absent], [rpc.PutRequest(key=path, value=blob),
@@ -344,7 +347,8 @@ class EtcdStore(Store):
         return VersionedObject(topic, table, key, response.header.revision, value)
 
     def _update(
-        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
+        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None,
+        outbox: Outbox | None,
     ) -> VersionedObject:
         path, topic_path = self._paths(table, key)
         # Without a new topic, the current one is read in the same transaction.
@@ -357,7 +361,7 @@ class EtcdStore(Store):
             topic = _topic_of(response.responses[1].response_range.kvs, table)
         return VersionedObject(topic, table, key, response.header.revision, value)
 
-    def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject:
+    def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
         path, topic_path = self._paths(table, key)
         response = self._commit(_txn(
             _exists(path, expected),

@@ -28,23 +28,24 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
 
-from ..errors import AlreadyExists, ConfigError, NotFound, VersionConflict
-from ..redis_client import ProcessClient, open_client, redacted, redis_errors
+from ..errors import AlreadyExists, ConfigError, NotFound, QueueFull, VersionConflict
+from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
+from .outbox import Outbox, RedisOutbox
 
 __all__ = ["RedisStore"]
 
 #: Objects fetched per script call (one round trip) when listing.
 _CHUNK = 1000
 _FIELDS = ("topic", "version", "value")
-_MISSING, _CONFLICT, _EXISTS = 1, 2, 3  # script status codes; 0 is success
+_MISSING, _CONFLICT, _EXISTS, _OUTBOX_FULL = 1, 2, 3, 4  # script status codes; 0 is success
 
 # Versions travel as strings: Lua numbers are doubles, exact only up to 2**53, so
 # the scripts re-read the counter after INCR rather than use INCR's number.
@@ -122,6 +123,28 @@ return out
 """
 
 
+# A write with an outbox (dfpubsub/store/outbox.py) runs the write's script wrapped: the
+# outbox's checks before it (a full queue answers {4, index} and nothing is written), its
+# appends after it succeeded (their skipped count in the answer's 4th slot).
+_FUSED = """
+local KB, AB = {nkeys}, {nargs}
+{outbox}
+local full = outbox_check()
+if full then return {{4, full}} end
+local r = (function()
+{write}
+end)()
+if r[1] == 0 then
+  r[3] = r[3] or ''
+  r[4] = outbox_append(r[2])
+end
+return r
+"""
+
+# The write scripts by name, with how many keys and arguments they take before an outbox's.
+_WRITES = {"create": (_CREATE, 3, 3), "update": (_UPDATE, 2, 3), "delete": (_DELETE, 3, 2)}
+
+
 @dataclass(frozen=True, slots=True)
 class _Client:
     """A redis-py client and its scripts (one per process: see ProcessClient)."""
@@ -132,6 +155,25 @@ class _Client:
     delete: Script
     fetch: Script
     versions: Script
+    #: (write, outbox Lua) -> the fused script, registered on first use.
+    fused: dict[tuple[str, str], Script] = field(default_factory=dict)
+
+    def write(self, name: str, keys: list[Any], args: list[Any], outbox: Outbox | None) -> list[Any]:
+        """Run the write script ``name``, with ``outbox``'s entries if one is given."""
+        if outbox is None:
+            return cast("list[Any]", getattr(self, name)(keys=keys, args=args))
+        ob = cast(RedisOutbox, outbox)
+        script = self.fused.get((name, ob.LUA))
+        if script is None:
+            text, nkeys, nargs = _WRITES[name]
+            script = self.fused.setdefault((name, ob.LUA), self.r.register_script(
+                _FUSED.format(nkeys=nkeys, nargs=nargs, outbox=ob.LUA, write=text)))
+        res = cast("list[Any]", script(keys=keys + ob.keys(), args=args + ob.args()))
+        if res[0] == _OUTBOX_FULL:
+            raise QueueFull(ob.entries[int(res[1]) - 1][0])
+        if res[0] == 0:
+            ob.skipped = int(res[3])
+        return res
 
 
 class RedisStore(Store):
@@ -157,7 +199,8 @@ class RedisStore(Store):
         self._ns = f"{prefix}:nb:"
         self._rev = self._ns + "rev"
         self._client = ProcessClient(self._new_client, lambda c: c.r.close())
-        self._client.get()  # validates the URL; connections are opened on first use
+        # Validates the URL; connections are opened on first use.
+        self.location = server_location(self._client.get().r)
 
     # -- connection ----------------------------------------------------------------
 
@@ -246,33 +289,31 @@ class RedisStore(Store):
 
     # -- writes ----------------------------------------------------------------------
 
-    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
+    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
+                outbox: Outbox | None) -> VersionedObject:
         c = self._connect()
         with self._errors(f"create {table}/{key}"):
-            res = c.create(keys=[self._obj(table, key), self._set(table), self._rev], args=[key, topic, blob])
+            res = c.write("create", [self._obj(table, key), self._set(table), self._rev], [key, topic, blob], outbox)
         if res[0] == _EXISTS:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, int(res[1]), value)
 
     def _update(
-        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
+        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None,
+        outbox: Outbox | None,
     ) -> VersionedObject:
         c = self._connect()
         with self._errors(f"update {table}/{key}"):
-            res = c.update(
-                keys=[self._obj(table, key), self._rev],
-                args=[topic or "", blob, "" if expected is None else str(int(expected))],
-            )
+            res = c.write("update", [self._obj(table, key), self._rev],
+                          [topic or "", blob, "" if expected is None else str(int(expected))], outbox)
         self._check_status(res, table, key, expected)
         return VersionedObject(res[2].decode(), table, key, int(res[1]), value)
 
-    def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject:
+    def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
         c = self._connect()
         with self._errors(f"delete {table}/{key}"):
-            res = c.delete(
-                keys=[self._obj(table, key), self._set(table), self._rev],
-                args=[key, "" if expected is None else str(int(expected))],
-            )
+            res = c.write("delete", [self._obj(table, key), self._set(table), self._rev],
+                          [key, "" if expected is None else str(int(expected))], outbox)
         self._check_status(res, table, key, expected)
         return VersionedObject(res[2].decode(), table, key, int(res[1]), None)
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from ..errors import AlreadyExists, NotFound, VersionConflict
 from ..events import VersionedObject
-from ..sqlite_client import SqliteDb
+from ..sqlite_client import SqliteDb, file_location
 from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
+from .outbox import Outbox, SqliteOutbox
 
 __all__ = ["SqliteStore"]
 
@@ -68,6 +69,7 @@ class SqliteStore(Store):
     ):
         super().__init__(tables, max_value_bytes)
         self.path = path
+        self.location = file_location(path)
         self._db = SqliteDb(path, _SCHEMA, "store", timeout=busy_timeout, synchronous=synchronous)
 
     def _write(self, fn: Any) -> VersionedObject:
@@ -135,30 +137,45 @@ class SqliteStore(Store):
     # Each write is the revision bump plus one statement whose RETURNING says whether it
     # applied; a refused write raises and _write rolls the bump back.
 
-    def _statement(self, sql: str, args: tuple) -> tuple | None:
-        """Run one autocommitted write statement; its RETURNING row or None."""
-        # fetchall, not fetchone: the statement must run to its end to commit.
-        rows = self._db.fetchall(sql, args, "write")
-        return rows[0] if rows else None
+    def _statement(self, sql: str, args: tuple, outbox: Outbox | None) -> tuple | None:
+        """Run one write statement; its RETURNING row (the version first) or None.
 
-    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any) -> VersionedObject:
-        row = self._statement(_INSERT, (table, key, topic, blob))
+        Alone it is autocommitted; with an outbox, the outbox appends in the
+        same transaction once the statement wrote (the version is then known).
+        """
+        if outbox is None:
+            # fetchall, not fetchone: the statement must run to its end to commit.
+            rows = self._db.fetchall(sql, args, "write")
+            return rows[0] if rows else None
+
+        def run(conn: sqlite3.Connection) -> tuple | None:
+            rows = conn.execute(sql, args).fetchall()
+            if rows:
+                cast(SqliteOutbox, outbox).apply(conn, rows[0][0])
+            return rows[0] if rows else None
+
+        return self._write(run)
+
+    def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
+                outbox: Outbox | None) -> VersionedObject:
+        row = self._statement(_INSERT, (table, key, topic, blob), outbox)
         if row is None:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, row[0], value)
 
     def _update(
-        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None
+        self, table: str, key: str, topic: str | None, blob: bytes, value: Any, expected: int | None,
+        outbox: Outbox | None,
     ) -> VersionedObject:
         sql, args = (_UPDATE, (blob, table, key)) if topic is None else (_UPDATE_TOPIC, (topic, blob, table, key))
         if expected is not None:
             sql, args = sql + " AND version = ?", (*args, expected)
-        row = self._statement(sql + " RETURNING version, topic", args)
+        row = self._statement(sql + " RETURNING version, topic", args, outbox)
         if row is None:
             raise self._db.run(lambda conn: self._refusal(conn, table, key, expected), "read")
         return VersionedObject(row[1], table, key, row[0], value)
 
-    def _delete(self, table: str, key: str, expected: int | None) -> VersionedObject:
+    def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
         def run(conn: sqlite3.Connection) -> VersionedObject:
             (version,) = conn.execute(_NEXT_VERSION).fetchone()
             row = conn.execute(
@@ -167,6 +184,8 @@ class SqliteStore(Store):
             ).fetchone()
             if row is None:
                 raise self._refusal(conn, table, key, expected)
+            if outbox is not None:
+                cast(SqliteOutbox, outbox).apply(conn, version)
             return VersionedObject(row[0], table, key, version, None)
 
         return self._write(run)

@@ -4,11 +4,15 @@ Write half: one writer updates ``--keys`` objects round-robin ``--writes``
 times through :class:`~dfpubsub.nbapi.NbApi` (store write and ZeroMQ
 publish, as tools/bench/nb_write.py does), once with a
 :class:`~dfpubsub.notify.producer.Notifier` and one persistent 11-shard topic
-that every write matches (reserve, write, commit), once with no notifier; the
-two alternate for ``--rounds`` rounds in the same run, and the best of each
-gives the ratio. The queues live where ``[notify] url = ""`` puts them: in
-the store's own backend (the SQLite file, the Redis server, the etcd
-cluster). Queues are emptied between rounds, outside the timing.
+that every write matches, once with no notifier; the two alternate for
+``--rounds`` rounds in the same run, and the best of each gives the ratio.
+The queues live where ``[notify] url = ""`` puts them: in the store's own
+backend (the SQLite file, the Redis database, the etcd cluster), so SQLite
+and Redis notify in the write itself and etcd reserves and commits around
+it (docs/notifications.md). With ``--two-phase``, SQLite and Redis are also
+measured with their queues elsewhere (another file, another database), which
+reserves and commits around the write: keys ``<backend>_two_phase_*``.
+Queues are emptied between rounds, outside the timing.
 
 Last line: ``{"bench": "notify", "<backend>_write_ratio": R, "<backend>_writes_per_s": N,
 "<backend>_notified_writes_per_s": N, ..., "delivery_per_s": N}``. Targets: write ratio >= 0.85
@@ -49,7 +53,8 @@ def _backend_ratio(store: Store, queues: QueueStore, args: argparse.Namespace) -
     registry.put_configuration(NotificationConfig("all", TABLES[0], topic.name))
     notifier = Notifier(registry, queues, publisher="bench")
     for k in range(args.keys):
-        store.create(TABLES[0], f"port-{k:04d}", VALUE)
+        if store.get(TABLES[0], f"port-{k:04d}") is None:  # the same store serves both modes
+            store.create(TABLES[0], f"port-{k:04d}", VALUE)
     plain, notified = [], []
     try:
         for _ in range(args.rounds):  # interleaved, best of each: the machine is shared and noisy
@@ -62,21 +67,32 @@ def _backend_ratio(store: Store, queues: QueueStore, args: argparse.Namespace) -
     return max(plain), max(notified)
 
 
+def _queues_url(backend: str, url: str, tmp: str, two_phase: bool) -> str:
+    if not two_phase:
+        return url
+    return f"sqlite://{tmp}/queues.sqlite" if backend == "sqlite" else url.rsplit("/", 1)[0] + "/1"
+
+
 def write_ratios(args: argparse.Namespace) -> dict[str, Any]:
     """Per backend of ``args.backends``: writes/s with and without notifications, and their ratio."""
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-notify-") as tmp:
         for backend in args.backends.split(","):
+            modes = [False, True] if args.two_phase and backend != "etcd" else [False]
             with bench_store(backend, tmp, TABLES) as (store, url):
-                queues = open_queues(url, **({} if backend == "sqlite" else {"prefix": "bench"}))
-                try:
-                    base, rate = _backend_ratio(store, queues, args)
-                finally:
-                    queues.close()
-            print(f"[{backend}] NbApi {base:,.0f} writes/s; with a persistent {args.shards}-shard topic "
-                  f"{rate:,.0f} writes/s; ratio {rate / base:.2f}", flush=True)
-            result.update({f"{backend}_writes_per_s": round(base), f"{backend}_notified_writes_per_s": round(rate),
-                           f"{backend}_write_ratio": round(rate / base, 2)})
+                for two_phase in modes:
+                    queues = open_queues(_queues_url(backend, url, tmp, two_phase),
+                                         **({} if backend == "sqlite" else {"prefix": "bench"}))
+                    how = "in the write" if queues.shares_store(store) else "reserve/commit around the write"
+                    try:
+                        base, rate = _backend_ratio(store, queues, args)
+                    finally:
+                        queues.close()
+                    name = f"{backend}_two_phase" if two_phase else backend
+                    print(f"[{name}] NbApi {base:,.0f} writes/s; with a persistent {args.shards}-shard topic "
+                          f"({how}) {rate:,.0f} writes/s; ratio {rate / base:.2f}", flush=True)
+                    result.update({f"{name}_writes_per_s": round(base), f"{name}_notified_writes_per_s": round(rate),
+                                   f"{name}_write_ratio": round(rate / base, 2)})
     return result
 
 
@@ -87,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shards", type=int, default=SHARDS)
     parser.add_argument("--backends", default="sqlite,redis,etcd")
+    parser.add_argument("--two-phase", action="store_true",
+                        help="also measure SQLite and Redis with their queues elsewhere (reserve/commit)")
     parser.add_argument("--notifications", type=int, default=50_000, help="queued for the delivery half")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"bench": "notify", "writes": args.writes, "shards": args.shards}

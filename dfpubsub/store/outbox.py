@@ -1,0 +1,116 @@
+"""The transactional outbox: queue entries a store write commits atomically with itself.
+
+When the persistent notification queues live in the store's own backend (the
+same SQLite file, the same Redis database), a write does not need Ceph's two
+round trips around it (reserve before, commit after, a crash in between loses
+the notification). The notifier hands the store an :class:`Outbox` with the
+write: the store checks the queues' room, writes the object, takes its new
+version and appends the entries, all in the write's own transaction (SQLite)
+or script (Redis). The write and its notifications happen together or not at
+all: a full queue fails the write with :class:`~dfpubsub.errors.QueueFull`
+and leaves the store as it was.
+
+The store assigns the version inside that transaction, so an entry's data is
+the version, as a msgpack string of its decimal digits, followed by the body
+the notifier encoded without it (:func:`versioned`); readers split them with
+:func:`split_versioned`. Digits, not a msgpack integer, because a Redis script
+holds numbers as doubles and versions as strings.
+
+A queue backend builds the outbox (``QueueStore.outbox``) in the form its
+store backend runs; the store only calls it.
+"""
+
+from __future__ import annotations
+
+import abc
+import sqlite3
+from typing import Any
+
+from ..errors import InvalidValue
+
+__all__ = ["Outbox", "SqliteOutbox", "RedisOutbox", "versioned", "split_versioned", "MAX_PREFIX_BYTES"]
+
+#: The most a version prefix takes: a fixstr header and 20 digits (2**64 - 1).
+MAX_PREFIX_BYTES = 21
+_FIXSTR = 0xA0
+
+
+def versioned(version: int, body: bytes) -> bytes:
+    """An outbox entry's data: ``version`` as a msgpack fixstr of its digits, then ``body``."""
+    digits = str(version).encode()
+    return bytes((_FIXSTR | len(digits),)) + digits + body
+
+
+def split_versioned(data: bytes) -> tuple[int | None, bytes]:
+    """(version, body) of an outbox entry; (None, data) for data without a version prefix.
+
+    Raises :class:`InvalidValue` when a prefix is there but not a version.
+    """
+    if not data or data[0] & 0xE0 != _FIXSTR:
+        return None, data
+    end = 1 + (data[0] & 0x1F)
+    digits = data[1:end]
+    if len(data) < end or not digits.isdigit():
+        raise InvalidValue("an outbox entry's version prefix is not decimal digits")
+    return int(digits), data[end:]
+
+
+class Outbox(abc.ABC):
+    """Entries to append, each ``(queue, body)``, atomically with one store write.
+
+    ``backend`` and ``location`` say which store can run it (a store refuses
+    another's outbox). After the write, ``skipped`` counts the entries whose
+    queue no longer existed (the topic was deleted meanwhile): they want
+    nothing, and are not an error.
+    """
+
+    backend: str = ""
+
+    def __init__(self, location: str, entries: list[tuple[str, bytes]]):
+        self.location = location
+        self.entries = entries
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def check_store(self, backend: str, location: str) -> None:
+        """Raise InvalidValue unless the store at ``location`` of ``backend`` can run this outbox."""
+        if not location or backend != self.backend or location != self.location:
+            raise InvalidValue(f"an outbox for the {self.backend} queues at {self.location} cannot commit "
+                               f"with the {backend} store at {location}")
+
+
+
+class SqliteOutbox(Outbox):
+    """An outbox the SQLite store runs inside its write transaction."""
+
+    backend = "sqlite"
+
+    @abc.abstractmethod
+    def apply(self, conn: sqlite3.Connection, version: int) -> None:
+        """Append the entries with ``version`` on ``conn``, inside the write's open transaction;
+        raise QueueFull (the store rolls the write back) if one does not fit."""
+
+
+class RedisOutbox(Outbox):
+    """An outbox the Redis store runs inside its write script.
+
+    :attr:`LUA` defines two functions over the script's ``KEYS`` and ``ARGV``
+    after the store's own (from offsets ``KB`` and ``AB``, which the store
+    defines): ``outbox_check()`` answers the 1-based index of the first entry
+    that does not fit, or nil, and runs before the write changes anything;
+    ``outbox_append(v)`` appends every entry with version ``v`` (a string)
+    after the write succeeded, and answers how many it skipped.
+    """
+
+    backend = "redis"
+    LUA: str = ""
+
+    @abc.abstractmethod
+    def keys(self) -> list[str]:
+        """The keys the entries touch, after the store's own."""
+
+    @abc.abstractmethod
+    def args(self) -> list[Any]:
+        """The arguments of the entries, after the store's own."""

@@ -1,0 +1,51 @@
+"""An outbox entry's data: the store-assigned version in front of the notifier's body."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from dfpubsub.errors import InvalidValue, NotificationDecodeError
+from dfpubsub.notify.notification import Notification, decode, encode
+from dfpubsub.store.outbox import MAX_PREFIX_BYTES, split_versioned, versioned
+
+
+@pytest.mark.parametrize("version", [0, 7, 123456789, (1 << 64) - 1])
+def test_the_version_prefix_round_trips_and_is_a_msgpack_string(version):
+    data = versioned(version, b"\x80")
+    assert split_versioned(data) == (version, b"\x80")
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    assert list(unpacker) == [str(version), {}]
+    assert len(data) - 1 <= MAX_PREFIX_BYTES
+
+
+def test_data_without_a_prefix_is_returned_as_it_is():
+    body = encode(_body())
+    assert split_versioned(body) == (None, body)
+    assert split_versioned(b"") == (None, b"")
+
+
+@pytest.mark.parametrize("data", [b"\xa2x1\x80", b"\xa5123", b"\xa0\x80", b"\xa3-12\x80"])
+def test_a_prefix_that_is_not_a_version_is_refused(data):
+    with pytest.raises(InvalidValue):
+        split_versioned(data)
+    with pytest.raises(NotificationDecodeError) as info:
+        decode(data)
+    assert info.value.reason == "malformed"
+
+
+def _body() -> Notification:
+    # What a notifier encodes for the outbox: version and id unknown yet.
+    return Notification("", "orders", "s3:ObjectCreated:Put", "create", "port", "k1", 0, 12, "e" * 32, 1.5)
+
+
+def test_decode_puts_the_stored_version_and_its_id_in():
+    n = decode(versioned(9001, encode(_body())))
+    assert (n.version, n.id, n.key, n.size) == (9001, "orders:port:k1:9001", "k1", 12)
+
+
+def test_a_body_without_its_version_prefix_is_refused_for_its_empty_id():
+    with pytest.raises(NotificationDecodeError) as info:
+        decode(encode(_body()))
+    assert info.value.reason == "malformed"
