@@ -1,7 +1,10 @@
-"""The writer side of persistent notifications: reserve before the store write, commit after.
+"""The writer side of persistent notifications: in the store's own write, or around it.
 
-:class:`Notifier` does, for one change, what Ceph's RGW does around an object
-write (docs/notifications.md):
+:meth:`Notifier.write` wraps one store write (docs/notifications.md). When
+the queues live in the store's backend it builds the notifications without
+their version and hands the store an outbox (:mod:`dfpubsub.store.outbox`):
+the write checks the shards' room, writes and appends them in one atomic
+step. Otherwise it does what Ceph's RGW does around an object write:
 
 1. :meth:`Notifier.prepare` finds the persistent topics whose configurations
    match the change (from the registry's cached snapshot), builds each
@@ -14,6 +17,8 @@ write (docs/notifications.md):
 3. :meth:`Notifier.commit` fills in the version the store assigned (and the
    id, which contains it), encodes once and commits each reservation; or
    :meth:`Notifier.abort` gives the room back if the write failed.
+
+The pub/sub bridge uses 1 and 3 for changes that already happened.
 
 Non-persistent topics are not queued here: delivering them straight from the
 change events is the delivery side's business.
