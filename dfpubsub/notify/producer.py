@@ -205,8 +205,8 @@ class Notifier:
         try:
             obj = write(outbox)
         except QueueFull as exc:
-            topic = next((m.topic.name for m, (q, _) in zip(matches, entries) if q == exc.queue), exc.queue)
-            self.stats.inc("notifications_refused", reason=topic)
+            refused = next((m.topic.name for m, (q, _) in zip(matches, entries) if q == exc.queue), exc.queue)
+            self.stats.inc("notifications_refused", reason=refused)
             raise
         if outbox.skipped:  # a topic was deleted or made non-persistent since the registry's snapshot
             self.registry.invalidate()
