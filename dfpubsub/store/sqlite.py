@@ -9,8 +9,8 @@ increasing across every process sharing the file. Readers never block writers
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
-from typing import Any, cast
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
 
 from ..errors import AlreadyExists, NotFound, VersionConflict
 from ..events import VersionedObject
@@ -19,6 +19,8 @@ from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
 from .outbox import Outbox, SqliteOutbox
 
 __all__ = ["SqliteStore"]
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nb_objects (
@@ -72,7 +74,7 @@ class SqliteStore(Store):
         self.location = file_location(path)
         self._db = SqliteDb(path, _SCHEMA, "store", timeout=busy_timeout, synchronous=synchronous)
 
-    def _write(self, fn: Any) -> VersionedObject:
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._db.transaction(fn)
 
     def _read(self, sql: str, args: tuple) -> list[tuple]:
