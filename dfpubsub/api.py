@@ -95,10 +95,12 @@ class IngressTransport(abc.ABC):
     """
 
     @abc.abstractmethod
-    def recv(self, timeout: float) -> list[tuple[str, bytes]]:
+    def recv(self, timeout: float) -> list[tuple[str, bytes | memoryview]]:
         """``(topic, frame)`` pairs received within ``timeout`` seconds (maybe none).
 
-        Frames that are not ``(topic, envelope)`` are counted and dropped here.
+        A frame may be a memoryview of the received message rather than a
+        copy of it. Frames that are not ``(topic, envelope)`` are counted and
+        dropped here.
         """
 
     @property

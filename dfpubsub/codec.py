@@ -195,6 +195,11 @@ def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check
     small objects it must traverse.
     """
     _check_size(data, max_bytes)
+    fast = _event_header(data)
+    if fast is not None:
+        if check_events:
+            _check_events(data, fast[1])
+        return fast[0]
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
     obj: dict[str, object] = {}
@@ -229,6 +234,98 @@ def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check
         if env.count < 1:
             raise _malformed("an event envelope needs at least one event")
     return env
+
+
+# The head of every event envelope encode_batch makes, up to the publisher id.
+_EVENT_PREFIX = b"\x88\xa1v" + _packb(SCHEMA_VERSION) + b"\xa4kind\xa5event\xa3pub"
+# Longest header encode_batch makes: prefix, three str8 of up to 255 bytes, seq, sent_at, keys.
+_HEAD_BYTES = 1024
+_UINTS = {0xCC: struct.Struct(">B"), 0xCD: struct.Struct(">H"), 0xCE: struct.Struct(">I"), 0xCF: struct.Struct(">Q")}
+_DOUBLE = struct.Struct(">d")
+_U16, _U32 = struct.Struct(">H"), struct.Struct(">I")
+
+
+def _str_at(head: bytes, pos: int) -> tuple[str, int]:
+    """The msgpack str (fixstr or str8) at ``pos`` and the position after it."""
+    b = head[pos]
+    if 0xA0 <= b <= 0xBF:
+        n, pos = b & 0x1F, pos + 1
+    elif b == 0xD9:
+        n, pos = head[pos + 1], pos + 2
+    else:
+        raise ValueError("not a short str")
+    end = pos + n
+    if end > len(head):
+        raise IndexError("str runs past the header")
+    return head[pos:end].decode("utf-8"), end
+
+
+def _event_header(data: bytes) -> tuple[EventBatch, int] | None:
+    """The header of an event envelope laid out as :func:`encode_batch` lays it out and where
+    its events array starts; None for anything else.
+
+    Reads the few header bytes in place of an Unpacker over the whole frame
+    (a copy of it): a third of the time. Anything else, malformed included,
+    returns None and takes the general path, which accepts or rejects it; what
+    this accepts the general path would decode to the same envelope.
+    """
+    head = bytes(data[:_HEAD_BYTES])
+    if not head.startswith(_EVENT_PREFIX):
+        return None
+    try:
+        pid, pos = _str_at(head, len(_EVENT_PREFIX))
+        if not head.startswith(b"\xa4name", pos):
+            return None
+        name, pos = _str_at(head, pos + 5)
+        if not head.startswith(b"\xa5topic", pos):
+            return None
+        topic, pos = _str_at(head, pos + 6)
+        if not head.startswith(b"\xa3seq", pos):
+            return None
+        b = head[pos + 4]
+        if b < 0x80:
+            seq, pos = b, pos + 5
+        else:
+            seq = _UINTS[b].unpack_from(head, pos + 5)[0]
+            pos += 5 + _UINTS[b].size
+        if not head.startswith(b"\xa7sent_at\xcb", pos):
+            return None
+        sent_at = _DOUBLE.unpack_from(head, pos + 9)[0]
+        pos += 17
+        if not head.startswith(_EVENTS_KEY, pos):
+            return None
+        pos += len(_EVENTS_KEY)
+        start = pos
+        b = head[pos]
+        if 0x90 <= b <= 0x9F:
+            count = b & 0x0F
+        elif b == 0xDC:
+            count = _U16.unpack_from(head, pos + 1)[0]
+        elif b == 0xDD:
+            count = _U32.unpack_from(head, pos + 1)[0]
+        else:
+            return None
+    except (IndexError, KeyError, ValueError, struct.error):  # UnicodeDecodeError is a ValueError
+        return None
+    if not pid or not topic or seq < 1 or count < 1:
+        return None
+    return EventBatch(pid, name, topic, seq, sent_at, None, count, data), start
+
+
+def _check_events(data: bytes, start: int) -> None:
+    """Check that the events array at ``start`` is well-formed msgpack and ends the frame.
+
+    One C-level skip of the whole array, rather than one skip per event.
+    """
+    rest = len(data) - start
+    unpacker = msgpack.Unpacker(max_buffer_size=max(rest, 1))
+    unpacker.feed(memoryview(data)[start:])
+    try:
+        unpacker.skip()
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise _msgpack_error(exc) from exc
+    if unpacker.tell() != rest:
+        raise _malformed("trailing bytes after the envelope")
 
 
 def decode_events(batch: EventBatch, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[Event]:

@@ -88,7 +88,10 @@ class WorkerPublisher:
         timestamp: float | None = None,
     ) -> int:
         """See :meth:`Publisher.publish`."""
-        return self.publisher.publish(topic, table, key, action, version, value, timestamp)
+        pub = self._publisher  # the hot path: no property call once the publisher exists
+        if pub is None:
+            pub = self.publisher
+        return pub.publish(topic, table, key, action, version, value, timestamp)
 
     def publish_event(self, event: Event) -> int:
         """See :meth:`Publisher.publish_event`."""

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -28,6 +28,8 @@ from .logs import RateLimitedLog
 from .metrics import Stats
 
 __all__ = ["Publisher", "PublisherOptions"]
+
+_DELETE = Action.DELETE  # a module global: cheaper to look up per event than the enum's attribute
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +48,13 @@ class PublisherOptions:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
-class _TopicHeader(BatchHeader):
-    """A topic's envelope header and the byte budgets that follow from it."""
+class _Topic(BatchHeader):
+    """A topic's envelope header, byte budgets, last sequence and pending batch.
 
-    __slots__ = ("room", "limit")
+    One object per topic, so that publishing looks up one dict entry.
+    """
+
+    __slots__ = ("room", "limit", "seq", "events", "first", "size", "deadline")
 
     def __init__(self, publisher_id: str, publisher_name: str, topic: str, opts: PublisherOptions):
         super().__init__(publisher_id, publisher_name, topic)
@@ -57,14 +62,14 @@ class _TopicHeader(BatchHeader):
         self.room = opts.max_message_bytes - self.overhead
         #: Where a batch is closed.
         self.limit = min(opts.batch_max_bytes, self.room)
-
-
-@dataclass(slots=True)
-class _Batch:
-    seq: int
-    deadline: float
-    events: list[bytes] = field(default_factory=list)
-    size: int = 0
+        #: Last sequence number assigned (0: none yet).
+        self.seq = 0
+        #: The pending batch's packed events (None: no batch), its first sequence,
+        #: its size in bytes and when its linger ends.
+        self.events: list[bytes] | None = None
+        self.first = 0
+        self.size = 0
+        self.deadline = 0.0
 
 
 class Publisher:
@@ -94,10 +99,10 @@ class Publisher:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._max_events = 1 if self.options.batch_linger <= 0 else self.options.batch_max_events
-        self._seqs: dict[str, int] = {}
-        self._headers: dict[str, _TopicHeader] = {}
-        self._packer = msgpack.Packer()
-        self._batches: dict[str, _Batch] = {}
+        self._topics: dict[str, _Topic] = {}
+        #: Topics with a pending batch.
+        self._pending: dict[str, _Topic] = {}
+        self._pack = msgpack.Packer().pack
         self._topic_sent: dict[str, float] = {}
         self._closed = False
         #: Earliest linger deadline of the pending batches (may be early, never late).
@@ -132,13 +137,14 @@ class Publisher:
         :meth:`close`. Transport failures are not raised: the event is counted
         as dropped and subscribers repair the loss by resync.
         """
-        header = self._headers.get(topic)
-        if header is None:
-            header = self._header(topic)
-        # Action is a str subclass: one lookup accepts "create" and Action.CREATE alike.
-        act = ACTIONS.get(action) if isinstance(action, str) else None
-        if act is None:
-            raise InvalidEvent(f"action must be one of {sorted(ACTIONS)}, got {action!r}")
+        st = self._topics.get(topic)
+        if st is None:
+            st = self._topic(topic)
+        try:
+            # Action is a str subclass hashing as its value: one lookup takes "create" and Action.CREATE.
+            act = ACTIONS[action]
+        except (KeyError, TypeError):
+            raise InvalidEvent(f"action must be one of {sorted(ACTIONS)}, got {action!r}") from None
         if type(table) is not str or not table or type(key) is not str:
             raise InvalidEvent(f"table and key must be strings, got {table!r}, {key!r}")
         if type(version) is not int or version < 0:
@@ -147,39 +153,28 @@ class Publisher:
             timestamp = time.time()
         elif type(timestamp) not in (float, int):
             raise InvalidEvent(f"timestamp must be Unix seconds (float), got {timestamp!r}")
-        if act is Action.DELETE:
+        if act is _DELETE:
             value = None
         with self._lock:
             if self._closed:
                 raise ClosedError("publisher is closed")
             try:
                 # One Packer reused under the lock: a third cheaper than msgpack.packb.
-                packed = self._packer.pack((table, key, act, version, value, timestamp))
+                packed = self._pack((table, key, act, version, value, timestamp))
             except (TypeError, ValueError, OverflowError) as exc:
                 raise InvalidEvent(f"event {table}/{key} is not serialisable: {exc}") from exc
             size = len(packed)
-            if size > header.room:
-                raise PayloadTooLarge(
-                    f"event {table}/{key} is {size} bytes packed; the limit is {header.room} (max_message_bytes)"
-                )
-            seqs = self._seqs
-            seq = seqs[topic] = seqs.get(topic, 0) + 1
-            batch = self._batches.get(topic)
-            if batch is not None and batch.size + size > header.limit:
-                self._flush_topic(topic)
-                batch = None
-            if batch is None:
-                now = time.monotonic()
-                if now >= self._due:
-                    # A busy caller holds the GIL for whole switch intervals (5 ms): flush
-                    # what lingered long enough here rather than wait for the thread.
-                    self._flush_due(now)
-                batch = self._batches[topic] = _Batch(seq, now + self.options.batch_linger)
-                if batch.deadline < self._due:
-                    self._due = batch.deadline
-            events = batch.events
+            events = st.events
+            if events is None or st.size + size > st.limit:
+                # limit <= room: an event too large for any envelope never fits the current one.
+                if size > st.room:
+                    raise PayloadTooLarge(
+                        f"event {table}/{key} is {size} bytes packed; the limit is {st.room} (max_message_bytes)"
+                    )
+                events = self._open_batch(topic, st)
+            seq = st.seq = st.seq + 1
             events.append(packed)
-            batch.size += size
+            st.size += size
             if len(events) >= self._max_events:
                 self._flush_topic(topic)
             elif self._ticker_asleep:
@@ -198,8 +193,7 @@ class Publisher:
     def flush(self) -> None:
         """Send every pending batch now."""
         with self._lock:
-            for topic in list(self._batches):
-                self._flush_topic(topic)
+            self._flush_all()
 
     def hello(self, reason: str = "idle") -> None:
         """Flush, then send a hello with the current sequence of every topic."""
@@ -211,16 +205,15 @@ class Publisher:
     def sequences(self) -> dict[str, int]:
         """Last sequence number assigned per topic."""
         with self._lock:
-            return dict(self._seqs)
+            return self._sequences()
 
     def close(self) -> None:
         """Flush, say bye to subscribers, stop the background thread, close the transport."""
         with self._lock:
             if self._closed:
                 return
-            for topic in list(self._batches):
-                self._flush_topic(topic)
-            self._send(CONTROL_TOPIC, encode_bye(Bye(self.id, self.name, time.time(), dict(self._seqs))))
+            self._flush_all()
+            self._send(CONTROL_TOPIC, encode_bye(Bye(self.id, self.name, time.time(), self._sequences())))
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=5)
@@ -234,33 +227,58 @@ class Publisher:
 
     # -- internals (called with the lock held) ---------------------------------
 
-    def _header(self, topic: str) -> "_TopicHeader":
+    def _topic(self, topic: str) -> _Topic:
         validate_topic(topic)
         with self._lock:
-            header = self._headers.get(topic)
-            if header is None:
-                header = self._headers[topic] = _TopicHeader(self.id, self.name, topic, self.options)
-            return header
+            st = self._topics.get(topic)
+            if st is None:
+                st = self._topics[topic] = _Topic(self.id, self.name, topic, self.options)
+            return st
+
+    def _sequences(self) -> dict[str, int]:
+        return {topic: st.seq for topic, st in self._topics.items() if st.seq}
+
+    def _open_batch(self, topic: str, st: _Topic) -> list[bytes]:
+        """Send the topic's full batch if any, start its next one; return the new batch's events."""
+        if st.events is not None:
+            self._flush_topic(topic)
+        now = time.monotonic()
+        if now >= self._due:
+            # A busy caller holds the GIL for whole switch intervals (5 ms): flush
+            # what lingered long enough here rather than wait for the thread.
+            self._flush_due(now)
+        events: list[bytes] = []
+        st.events, st.first, st.size = events, st.seq + 1, 0
+        st.deadline = now + self.options.batch_linger
+        self._pending[topic] = st
+        if st.deadline < self._due:
+            self._due = st.deadline
+        return events
+
+    def _flush_all(self) -> None:
+        for topic in list(self._pending):
+            self._flush_topic(topic)
 
     def _flush_due(self, now: float) -> float:
         """Flush the batches whose linger has passed; return the next deadline (or inf)."""
         due = float("inf")
-        for topic, batch in list(self._batches.items()):
-            if batch.deadline <= now:
+        for topic, st in list(self._pending.items()):
+            if st.deadline <= now:
                 self._flush_topic(topic)
-            elif batch.deadline < due:
-                due = batch.deadline
+            elif st.deadline < due:
+                due = st.deadline
         self._due = due
         return due
 
     def _flush_topic(self, topic: str) -> None:
-        batch = self._batches.pop(topic)
-        frame = encode_batch(self._headers[topic], batch.seq, time.time(), batch.events)
-        if self._send(topic, frame):
-            self.stats.inc("events_out", len(batch.events))
+        st = self._pending.pop(topic)
+        events, st.events = st.events, None
+        assert events is not None
+        if self._send(topic, encode_batch(st, st.first, time.time(), events)):
+            self.stats.inc("events_out", len(events))
             self.stats.inc("envelopes_out")
         else:
-            self.stats.inc("drops", len(batch.events), reason="send_failed")
+            self.stats.inc("drops", len(events), reason="send_failed")
         self._topic_sent[topic] = self._last_send
 
     def _send(self, topic: str, frame: bytes) -> bool:
@@ -275,10 +293,9 @@ class Publisher:
         return True
 
     def _send_hello(self, reason: str) -> None:
-        for topic in list(self._batches):
-            self._flush_topic(topic)
+        self._flush_all()
         sent = True
-        for seqs in hello_chunks(dict(self._seqs), self.options.max_message_bytes):
+        for seqs in hello_chunks(self._sequences(), self.options.max_message_bytes):
             hello = Hello(self.id, self.name, time.time(), seqs, reason, self.options.max_idle_time, self._host)
             sent &= self._send(CONTROL_TOPIC, encode_hello(hello))
         if sent:
@@ -309,7 +326,7 @@ class Publisher:
                         self._send_hello("idle")
                         due = self._idle_hello_due(now)
                     wake = min(wake, due)
-                if self._batches:
+                if self._pending:
                     self._last_batch = now
                 if now - self._last_batch < _WELCOME_POLL:
                     # Busy: poll every linger, so publish() need not wake this thread.

@@ -58,21 +58,38 @@ def common_options(sock: zmq.Socket, opts: ZmqOptions) -> None:
         sock.setsockopt(zmq.HEARTBEAT_TTL, int(opts.heartbeat_timeout * 1000))
 
 
-def recv_messages(sock: zmq.Socket, limit: int, stats: Stats) -> list[tuple[bytes, bytes]]:
+def recv_messages(
+    sock: zmq.Socket, limit: int, stats: Stats, copy: bool = True
+) -> list[tuple[bytes, bytes | memoryview]]:
     """Up to ``limit`` waiting ``(topic + NUL, envelope)`` messages, without blocking.
 
-    Anything else (a peer speaking another framing) is counted as
+    With ``copy=False`` an envelope is a memoryview of the received
+    :class:`zmq.Frame` (no copy), which :class:`ZmqPublisher` sends on
+    without copying either. Anything else than two frames, the first
+    NUL-terminated (a peer speaking another framing), is counted as
     ``decode_errors{reason="bad_frames"}`` and dropped.
     """
-    out: list[tuple[bytes, bytes]] = []
-    recv_multipart = sock.recv_multipart
+    out: list[tuple[bytes, bytes | memoryview]] = []
+    recv = sock.recv
     for _ in range(limit):
         try:
-            frames = recv_multipart(zmq.NOBLOCK)
+            # Frame by frame rather than recv_multipart: its RCVMORE getsockopt per frame
+            # costs more than the frames' own flag. zmq.Again (6 us) ends each drain.
+            head = recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             break
-        if len(frames) != 2 or not frames[0].endswith(b"\x00"):
+        if not head.more:
             stats.inc("decode_errors", reason="bad_frames")
             continue
-        out.append((frames[0], frames[1]))
+        body = recv(copy=False)  # a message arrives whole: its other frames are here
+        if body.more:
+            while recv(copy=False).more:
+                pass
+            stats.inc("decode_errors", reason="bad_frames")
+            continue
+        tf = head.bytes
+        if not tf.endswith(b"\x00"):
+            stats.inc("decode_errors", reason="bad_frames")
+            continue
+        out.append((tf, body.bytes if copy else memoryview(body)))
     return out

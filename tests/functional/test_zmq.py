@@ -219,3 +219,38 @@ def test_ipc_socket_mode_stale_file_and_live_conflict(tmp_path):
     notsock.write_text("x")
     with pytest.raises(TransportError, match="not a socket"):
         make_pub(url=f"zmq+ipc://{notsock}")
+
+
+def test_worker_ingress_hands_over_views_that_the_publisher_relays_without_copying(tmp_path):
+    from dfpubsub.drivers.zeromq.options import ZmqOptions
+    from dfpubsub.drivers.zeromq.publisher import ZmqPublisher
+    from dfpubsub.drivers.zeromq.workers import WorkerIngress
+    from dfpubsub.metrics import Stats
+
+    stats = Stats("publisher_service", "t")
+    ingress = WorkerIngress(str(tmp_path / "w.sock"), ZmqOptions(), stats)
+    egress = ZmqPublisher("tcp://127.0.0.1:*", ZmqOptions(), stats)
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(ingress.uri)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.connect(egress.uri)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        wait_for(lambda: egress.sock.poll(0), what="the subscription")
+        payload = os.urandom(50_000)
+        for frames in ([b"a\x00"], [b"a\x00", b"x", b"y"], [b"no-nul", b"x"], [b"a\x00", payload]):
+            push.send_multipart(frames)
+        got = []
+        wait_for(lambda: got.extend(ingress.recv(0.1)) or got, what="the envelope")
+        assert len(got) == 1 and got[0][0] == "a" and type(got[0][1]) is memoryview
+        assert stats.get("decode_errors", "bad_frames") == 3
+        view = got[0][1]
+        egress.send("a", view)  # the received message itself
+        egress.send("a", view[7:9])  # part of it: only that part
+        assert sub.recv_multipart() == [b"a\x00", payload]
+        assert sub.recv_multipart() == [b"a\x00", payload[7:9]]
+    finally:
+        push.close(0)
+        sub.close(0)
+        ingress.close()
+        egress.close()

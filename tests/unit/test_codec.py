@@ -162,3 +162,70 @@ def test_header_decode_agrees_with_full_decode(data):
     if full is not None:
         assert (head.publisher_id, head.seq, head.count if hasattr(head, "count") else 0) == (
             full.publisher_id, full.seq, full.count if hasattr(full, "count") else 0)
+
+
+def _outcome(frame, check_events):
+    from dfpubsub.codec import decode_header
+
+    try:
+        env = decode_header(frame, check_events=check_events)
+    except DecodeError as exc:
+        return "error", exc.reason
+    if type(env) is not EventBatch:
+        return "ok", env
+    return "ok", (env.publisher_id, env.publisher_name, env.topic, env.seq, env.sent_at, env.count)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_header_fast_path_decodes_exactly_what_the_general_decoder_does(data):
+    """Frames laid out as encode_batch does take a shortcut; it must accept and reject alike."""
+    from unittest import mock
+
+    from dfpubsub import codec
+
+    header = BatchHeader(data.draw(st.text(max_size=40)), data.draw(st.text(max_size=300)),
+                         data.draw(st.text(max_size=60)))
+    n = data.draw(st.integers(0, 20))
+    raw = bytearray(encode_batch(header, data.draw(st.integers(0, 2**64 - 1)),
+                                 data.draw(st.floats(allow_nan=False)),
+                                 [pack_event("t", f"k{i}", "update", i, {"i": [i]}, 0.0) for i in range(n)]))
+    for _ in range(data.draw(st.integers(0, 3))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    frame = bytes(raw[: data.draw(st.integers(1, len(raw)))])
+    view = data.draw(st.booleans())
+    for check_events in (False, True):
+        fast = _outcome(memoryview(frame) if view else frame, check_events)
+        with mock.patch.object(codec, "_event_header", return_value=None):
+            general = _outcome(frame, check_events)
+        assert fast == general
+
+
+def test_header_fast_path_reads_every_integer_width_and_wide_strings():
+    from dfpubsub.codec import decode_header
+
+    for seq in (1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1):
+        for name in ("api-0", "n" * 31, "n" * 32, "ü" * 127, "n" * 256):  # fixstr, str8, str16 (general path)
+            frame = encode_batch(BatchHeader("p" * 32, name, "port"), seq, 2.5, [pack_event("t", "k", "create", 1, None, 0.0)] * 17)
+            env = decode_header(memoryview(frame), check_events=False)
+            assert (env.publisher_name, env.seq, env.count, env.sent_at) == (name, seq, 17, 2.5)
+            assert decode_header(frame).count == 17
+
+
+def test_header_decode_takes_memoryviews_of_every_kind():
+    from dfpubsub.codec import decode_header
+
+    hello = Hello("pid", "name", 5.5, {"a": 3}, "welcome", 2.0, "host1")
+    assert decode_header(memoryview(encode_hello(hello))) == hello
+    bye = Bye("pid", "name", 6.0, {"a": 4})
+    assert decode_header(memoryview(encode_bye(bye)), check_events=False) == bye
+    with pytest.raises(DecodeError) as err:
+        decode_header(memoryview(b"\xc1 junk"), check_events=False)
+    assert err.value.reason == "not_msgpack"
+    frame = batch_bytes(seq=3)
+    with pytest.raises(DecodeError) as err:
+        decode_header(memoryview(frame + b"\x00"))
+    assert err.value.reason == "malformed"
+    with pytest.raises(DecodeError) as err:
+        decode_header(memoryview(frame[:-2]))
+    assert err.value.reason == "truncated"

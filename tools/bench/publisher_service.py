@@ -11,7 +11,9 @@ the subscriber of CPU (``--flat-out`` measures that instead). The figure is even
 second at the subscriber. The phases alternate for ``--rounds`` rounds and
 the best of each counts. After each phase every publisher reports its final sequences and
 the subscriber accounts for every (publisher, topic, seq): delivered, or inside a range
-a resync request reported. The rest is ``lost_undetected`` (must be 0). The last line of
+a resync request reported. The rest is ``lost_undetected`` (must be 0). Each service phase
+also prints the cores every process used while the workers published (the subscriber's until it
+had accounted for everything): on a small machine they say who took the CPU. The last line of
 stdout is one JSON object.
 """
 
@@ -24,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
@@ -83,12 +86,20 @@ def subscriber(conn: Connection, warm: MpEvent, endpoint: str, workers: int) -> 
                      SubscriberOptions(), "bench-sub", rec.requests.append, stats)
     sub.connect(endpoint)
     sub.start()
+    started = time.process_time(), time.perf_counter()
     reports: list[dict[str, Any]] = conn.recv()
-    lost, dups, _ = account(rec, reports)
+    lost, dups, cpu = account(rec, reports, started)
     sub.close()
-    conn.send({"delivered": rec.count, "rate": rec.rate(),
+    conn.send({"delivered": rec.count, "rate": rec.rate(), "cpu": cpu,
                "lost_undetected": lost, "duplicates": dups, "stats": stats.snapshot(),
                "requests": dict(Counter(r.reason for r in rec.requests))})
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def service_phase(ctx: ForkServerContext, seconds: float, rate: float, workers: int, tmp: str) -> dict[str, Any]:
@@ -106,7 +117,10 @@ def service_phase(ctx: ForkServerContext, seconds: float, rate: float, workers: 
     try:
         for p in procs:
             p.start()
+        warm.wait(CONNECT_TIMEOUT)
+        service_cpu = cpu_seconds(service.pid), time.perf_counter()
         reports = [recv_from(conn, procs, seconds + 2 * CONNECT_TIMEOUT) for conn, _ in pipes]
+        service_cores = (cpu_seconds(service.pid) - service_cpu[0]) / (time.perf_counter() - service_cpu[1])
         sub_conn.send(reports)
         res = recv_from(sub_conn, procs, 60.0)
         for conn, _ in pipes:
@@ -121,6 +135,9 @@ def service_phase(ctx: ForkServerContext, seconds: float, rate: float, workers: 
           f"{res['delivered']} at {res['rate']:,.0f}/s; lost_undetected {res['lost_undetected']}, duplicates "
           f"{res['duplicates']}, resync requests {res['requests'] or 'none'}", flush=True)
     drops = sum(r["stats"].get("drops:send_failed", 0) for r in reports)
+    cores = ", ".join(f"{r['cpu']:.2f}" for r in reports)
+    print(f"[service] cores: workers {cores} (sum {sum(r['cpu'] for r in reports):.2f}), service "
+          f"{service_cores:.2f}, subscriber {res['cpu']:.2f}", flush=True)
     print(f"[service] worker drops {drops}; subscriber {res['stats']}", flush=True)
     return res
 
