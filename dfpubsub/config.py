@@ -68,6 +68,11 @@ class PubSubSettings(_Section):
         "/run/dfpubsub/publisher.sock", min_length=1,
         description="ipc socket of the host's publisher service (workers connect, the service binds).",
     )
+    multiproc_batch_linger: float = Field(
+        0.005, ge=0,
+        description="batch_linger of a worker publishing through the service: longer, as each envelope "
+                    "costs the service a receive and a send and a worker has a fraction of the host's events.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "PubSubSettings":
@@ -75,8 +80,8 @@ class PubSubSettings(_Section):
             raise ValueError("batch_max_bytes must not exceed max_message_bytes")
         if self.resync_max_interval < self.resync_base_interval:
             raise ValueError("resync_max_interval must be at least resync_base_interval")
-        if self.batch_linger >= self.message_delay_window:
-            raise ValueError("batch_linger must be well under message_delay_window")
+        if max(self.batch_linger, self.multiproc_batch_linger) >= self.message_delay_window:
+            raise ValueError("batch_linger and multiproc_batch_linger must be well under message_delay_window")
         return self
 
 

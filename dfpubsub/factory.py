@@ -61,6 +61,7 @@ def create_publisher(settings: Settings, name: str | None = None) -> Publisher |
         stats = Stats("publisher", pub_name or driver.name)
         return Publisher(driver.publisher(stats), pub_name, options, stats)
     socket_path = settings.pubsub.multiproc_socket
+    options.batch_linger = settings.pubsub.multiproc_batch_linger
     if not driver.publisher_service:
         # Refused now, in the master, rather than at the first event of every worker.
         raise ConfigError(f"driver {driver.name!r} has no publisher service: set pubsub.multiproc = false, "

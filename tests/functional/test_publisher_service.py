@@ -253,7 +253,7 @@ def test_socket_is_not_world_writable_and_a_live_one_is_refused(tmp_path):
 
 def test_worker_never_blocks_while_the_service_is_down_and_the_drop_is_found(tmp_path):
     port, sock = _paths(tmp_path)
-    settings = worker_settings(port, sock, batch_linger=0)
+    settings = worker_settings(port, sock, multiproc_batch_linger=0)
     settings.driver["zmq"] = {"worker_hwm": 100}
     svc = Service(port, sock, *NO_ANNOUNCE).start()
     wp = create_publisher(settings)
@@ -328,3 +328,12 @@ def test_multiproc_with_a_connect_based_driver_is_a_config_error():
         assert "no publisher service" in str(exc)
     else:
         raise AssertionError("expected ConfigError")
+
+
+def test_workers_batch_for_their_own_linger(tmp_path):
+    settings = worker_settings(free_port(), str(tmp_path / "publisher.sock"), multiproc_batch_linger=0.007)
+    pub = create_publisher(settings)
+    try:
+        assert isinstance(pub, WorkerPublisher) and pub.publisher.options.batch_linger == 0.007
+    finally:
+        pub.close()
