@@ -34,7 +34,7 @@ from redis.commands.core import Script
 
 from ..errors import ConfigError, QueueFull, QueueNotFound, ReservationNotFound
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
-from ..store.outbox import Outbox, RedisOutbox
+from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 
 __all__ = ["RedisQueues"]
@@ -217,7 +217,7 @@ local function outbox_check()
       ob[meta] = q
     end
     if q then
-      q.used = q.used + 21 + string.len(ARGV[AB + 1 + i])
+      q.used = q.used + {prefix} + string.len(ARGV[AB + 1 + i])
       q.count = q.count + 1
       if q.used > q.max_bytes or q.count > q.max_entries then return i end
     end
@@ -241,7 +241,7 @@ local function outbox_append(v)
   end
   return skipped
 end
-"""
+""".replace("{prefix}", str(MAX_PREFIX_BYTES))
 
 _SCRIPTS = {
     "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "stats": _STATS,

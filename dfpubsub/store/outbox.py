@@ -71,9 +71,6 @@ class Outbox(abc.ABC):
         self.entries = entries
         self.skipped = 0
 
-    def __len__(self) -> int:
-        return len(self.entries)
-
     def check_store(self, backend: str, location: str) -> None:
         """Raise InvalidValue unless the store at ``location`` of ``backend`` can run this outbox."""
         if not location or backend != self.backend or location != self.location:
