@@ -53,7 +53,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..errors import DfPubSubError, InvalidEvent, InvalidValue, QueueFull, QueueNotFound, ReservationNotFound
 from ..events import VersionedObject
@@ -192,20 +192,15 @@ class Notifier:
         matches = self._persistent(table, key, action)
         if not matches:
             return write(None)
-        name, size, etag = self._digest(table, key, action, value)
-        when, writer = self._clock(), self.publisher
-        entries = []
-        for topic, config in matches:
-            assert topic.shards is not None
-            # The store puts the version in front of the body (dfpubsub/store/outbox.py); decode() fills in the id.
-            n = Notification("", topic.name, name, action, table, key, 0, size, etag, when, None,
-                             topic.opaque_data, writer, config.id)
-            entries.append((shard_for(topic.name, topic.shards, table, key), encode(n)))
+        # The store puts the version in front of each body (dfpubsub/store/outbox.py); decode() fills in the id.
+        notes = self._notifications(matches, table, key, action, value, 0, self._clock(), self.publisher)
+        shards = [shard_for(n.topic, cast(int, m.topic.shards), table, key) for m, n in zip(matches, notes)]
+        entries = [(shard, encode(n)) for shard, n in zip(shards, notes)]
         outbox = self.queues.outbox(entries)
         try:
             obj = write(outbox)
         except QueueFull as exc:
-            refused = next((m.topic.name for m, (q, _) in zip(matches, entries) if q == exc.queue), exc.queue)
+            refused = next((n.topic for shard, n in zip(shards, notes) if shard == exc.queue), exc.queue)
             self.stats.inc("notifications_refused", reason=refused)
             raise
         if outbox.skipped:  # a topic was deleted or made non-persistent since the registry's snapshot
@@ -238,16 +233,14 @@ class Notifier:
         if self._pid != os.getpid():
             self._fork_safe()
         now = self._clock()
-        name, size, etag = self._digest(table, key, action, value)
-        when = now if event_time is None else event_time
-        writer = self.publisher if publisher is None else publisher
+        notes = self._notifications(matches, table, key, action, value, _WIDEST_VERSION,
+                                    now if event_time is None else event_time,
+                                    self.publisher if publisher is None else publisher)
         lock = self._stripes[zlib.crc32(key.encode()) % _STRIPES]
         lock.acquire()
         pending = Pending([], lock)
         try:
-            for topic, config in matches:
-                n = Notification("", topic.name, name, action, table, key, _WIDEST_VERSION, size, etag, when, None,
-                                 topic.opaque_data, writer, config.id)
+            for (topic, _), n in zip(matches, notes):
                 reservation = self._reserve(topic, table, key, n, now)
                 if reservation is not None:
                     pending.reservations.append(reservation)
@@ -306,15 +299,18 @@ class Notifier:
     # -- reservations ----------------------------------------------------------------------------
 
     @staticmethod
-    def _digest(table: str, key: str, action: str, value: Any) -> tuple[str, int, str]:
-        """(S3 event name, size, etag) of the change: the same for every topic, computed once."""
-        name = event_name(action)
-        if action == "delete":
-            return name, 0, ""
-        try:
-            return name, *value_digest(value)
-        except InvalidEvent as exc:  # the store refuses it the same way
-            raise InvalidValue(f"{table}/{key}: {exc}") from exc
+    def _notifications(matches: list[Match], table: str, key: str, action: str, value: Any, version: int,
+                       when: float, writer: str) -> list[Notification]:
+        """The notification of the change for each match (without its id), its S3 event name,
+        size and etag computed once for all."""
+        name, size, etag = event_name(action), 0, ""
+        if action != "delete":
+            try:
+                size, etag = value_digest(value)
+            except InvalidEvent as exc:  # the store refuses it the same way
+                raise InvalidValue(f"{table}/{key}: {exc}") from exc
+        return [Notification("", topic.name, name, action, table, key, version, size, etag, when, None,
+                             topic.opaque_data, writer, config.id) for topic, config in matches]
 
     def _reserve(self, topic: Topic, table: str, key: str, n: Notification, now: float) -> _Reservation | None:
         """A reservation for ``n`` on its shard; None if the topic's queues are gone."""

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 from ..errors import InvalidValue
 from ..store import Store
-from ..store.outbox import Outbox
+from ..store.outbox import Outbox, same_place
 
 __all__ = [
     "QueueStore",
@@ -173,7 +173,7 @@ class QueueStore(abc.ABC):
 
     def shares_store(self, store: Store) -> bool:
         """Whether ``store`` can append to these queues in its own writes (:meth:`outbox`)."""
-        return bool(self.location) and store.backend == self.backend and store.location == self.location
+        return same_place(self.backend, self.location, store.backend, store.location)
 
     def outbox(self, entries: list[tuple[str, bytes]]) -> Outbox:
         """An outbox appending ``(queue, body)`` entries atomically with one write of a store

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import InvalidValue
 
-__all__ = ["Outbox", "SqliteOutbox", "RedisOutbox", "versioned", "split_versioned", "MAX_PREFIX_BYTES"]
+__all__ = ["Outbox", "SqliteOutbox", "RedisOutbox", "same_place", "versioned", "split_versioned", "MAX_PREFIX_BYTES"]
 
 #: The most a version prefix takes: a fixstr header and 20 digits (2**64 - 1).
 MAX_PREFIX_BYTES = 21
@@ -55,6 +55,12 @@ def split_versioned(data: bytes) -> tuple[int | None, bytes]:
     return int(digits), data[end:]
 
 
+def same_place(backend: str, location: str, other_backend: str, other_location: str) -> bool:
+    """Whether two handles (a store, queues) hold their data in one place that one write can
+    change atomically: the same backend at the same, shareable (non-empty) location."""
+    return bool(location) and backend == other_backend and location == other_location
+
+
 class Outbox(abc.ABC):
     """Entries to append, each ``(queue, body)``, atomically with one store write.
 
@@ -73,10 +79,9 @@ class Outbox(abc.ABC):
 
     def check_store(self, backend: str, location: str) -> None:
         """Raise InvalidValue unless the store at ``location`` of ``backend`` can run this outbox."""
-        if not location or backend != self.backend or location != self.location:
+        if not same_place(self.backend, self.location, backend, location):
             raise InvalidValue(f"an outbox for the {self.backend} queues at {self.location} cannot commit "
                                f"with the {backend} store at {location}")
-
 
 
 class SqliteOutbox(Outbox):
