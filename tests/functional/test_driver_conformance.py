@@ -13,10 +13,11 @@ import threading
 
 import pytest
 
-from dfpubsub import Publisher, PublisherOptions, Subscriber, SubscriberOptions, load_driver
+from dfpubsub import Publisher, PublisherOptions, load_driver
 from dfpubsub.faults import LossyTransport, drop_nth
 from dfpubsub.metrics import Stats
 from tests.conftest import undetected, wait_for
+from tests.functional.sink_helpers import RecordingSink
 
 _n = itertools.count()
 
@@ -102,26 +103,11 @@ def harness(request):
     return HARNESSES[request.param](request)
 
 
-class Sink:
+class Sink(RecordingSink):
     def __init__(self, harness, pub_transport, topics, resync=None, window=0.2):
-        self.events = []
-        self.gaps = []
-        self.resyncs = []
-        self.lock = threading.Lock()
-        self.stats = Stats("subscriber", "sink")
-        self.sub = Subscriber(
-            harness.subscriber_transport(self.stats, pub_transport), topics, self.on_event,
-            resync or self.resyncs.append, SubscriberOptions(message_delay_window=window, max_idle_time=0.5),
-            "sink", self.gaps.append, self.stats,
-        )
-
-    def on_event(self, e):
-        with self.lock:
-            self.events.append(e)
-
-    def seqs(self, topic):
-        with self.lock:
-            return [e.seq for e in self.events if e.topic == topic]
+        stats = Stats("subscriber", "sink")
+        super().__init__(harness.subscriber_transport(stats, pub_transport), topics, stats, resync or True,
+                         message_delay_window=window, max_idle_time=0.5)
 
 
 def make_publisher(harness, wrap=None, **opts):

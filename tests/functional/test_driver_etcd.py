@@ -12,14 +12,15 @@ import pytest
 from aetcd import rpc
 
 from dfpubsub import (
-    ClosedError, ConfigError, Publisher, PublisherOptions, Subscriber, SubscriberOptions, TransportError,
+    ClosedError, ConfigError, Publisher, PublisherOptions, TransportError,
 )
 from dfpubsub.api import SubscriberTransport
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event
 from dfpubsub.drivers.etcd_watch import EtcdWatchDriver
 from dfpubsub.metrics import Stats
 from dfpubsub.tools.servers import free_port
-from tests.conftest import undetected, wait_for
+from tests.conftest import wait_for
+from tests.functional.sink_helpers import RecordingSink
 
 _n = itertools.count()
 
@@ -35,31 +36,16 @@ def make_pub(drv, name="pub", **opts):
     return Publisher(drv.publisher(stats), name, options, stats)
 
 
-class Sink:
+class Sink(RecordingSink):
     """A core Subscriber that records events, resync requests and resyncs."""
 
     def __init__(self, transport, topics, stats=None, **opts):
-        self.events = []
-        self.gaps = []
-        self.resyncs = []
-        self.lock = threading.Lock()
-        self.stats = stats or Stats("subscriber", "sink")
-        options = SubscriberOptions(**{"message_delay_window": 0.2, "max_idle_time": 0.5, **opts})
-        self.sub = Subscriber(transport, topics, self.on_event, self.resyncs.append, options, "sink",
-                              self.gaps.append, self.stats)
+        super().__init__(transport, topics, stats, **{"max_idle_time": 0.5, **opts})
 
     @classmethod
     def on(cls, drv, topics, **opts):
         stats = Stats("subscriber", "sink")
         return cls(drv.subscriber(stats), topics, stats, **opts)
-
-    def on_event(self, e):
-        with self.lock:
-            self.events.append(e)
-
-    def seqs(self, topic, pid=None):
-        with self.lock:
-            return [e.seq for e in self.events if e.topic == topic and pid in (None, e.publisher_id)]
 
     def start(self):
         self.sub.start()
@@ -71,12 +57,6 @@ def ready(pub, *sinks):
     """Say hello until every subscriber heard one: its watch is live."""
     for s in sinks:
         wait_for(lambda: pub.hello() or s.stats.get("hellos_in") > 0, what="the subscriber to hear a hello")
-
-
-def undetected_losses(sink, pid, sent):
-    """Sequence numbers neither delivered nor inside a resync request's missing range, per topic."""
-    return {topic: undetected(sink.seqs(topic, pid), [g.missing for g in list(sink.gaps) if g.topic == topic], last)
-            for topic, last in sent.items()}
 
 
 class RawEtcd:
@@ -224,7 +204,7 @@ def test_subscribers_resume_from_their_revision_when_etcd_is_killed_and_restarte
     pub.hello()  # reveals losses at the very end
     for s, topics in ((s1, ("a",)), (s2, ("a", "b"))):
         wanted = {t: sent[t] for t in topics}
-        wait_for(lambda: undetected_losses(s, pub.id, wanted) == {t: [] for t in topics}, timeout=20,
+        wait_for(lambda: s.undetected_losses(pub.id, wanted) == {t: [] for t in topics}, timeout=20,
                  what="every sequence delivered or inside a resync request's missing range")
         assert s.stats.get("drops", "disconnected") >= 1
         # Whatever etcd accepted was delivered: only the envelopes refused while it was down are missing.
@@ -308,7 +288,7 @@ def test_a_subscriber_behind_a_compaction_resyncs_its_topics_and_goes_on(etcd_se
     wait_for(lambda: [e.key for e in sink.events[-10:]] == [f"after{i}" for i in range(10)], what="traffic after")
     sent = pub.sequences()
     assert len(sink.seqs("a")) < sent["a"]  # the loss was real: part of the stalled events were compacted away
-    wait_for(lambda: undetected_losses(sink, pub.id, sent) == {"a": []}, what="the rest of the loss to be a gap")
+    wait_for(lambda: sink.undetected_losses(pub.id, sent) == {"a": []}, what="the rest of the loss to be a gap")
     raw.close()
     pub.close()
     sink.sub.close()

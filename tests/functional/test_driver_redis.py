@@ -9,11 +9,12 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
-from dfpubsub import ClosedError, ConfigError, Publisher, PublisherOptions, Subscriber, SubscriberOptions  # noqa: E402
+from dfpubsub import ClosedError, ConfigError, Publisher, PublisherOptions  # noqa: E402
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event  # noqa: E402
 from dfpubsub.drivers.redis_streams import RedisStreamsDriver  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
-from tests.conftest import undetected, wait_for  # noqa: E402
+from tests.conftest import wait_for  # noqa: E402
+from tests.functional.sink_helpers import RecordingSink  # noqa: E402
 
 
 def new_prefix():
@@ -34,16 +35,12 @@ def make_pub(server, prefix, name="pub", options=None, **opts):
     return Publisher(transport, name, PublisherOptions(**{"batch_linger": 0.001, **opts}), stats)
 
 
-class Sink:
+class Sink(RecordingSink):
     """A subscriber recording events, resyncs and resync requests; ``pause()`` stops its recv()."""
 
     def __init__(self, server, prefix, topics, options=None, **opts):
-        self.events = []
-        self.resyncs = []
-        self.gaps = []
-        self.lock = threading.Lock()
-        self.stats = Stats("subscriber", "sink")
-        self.transport = RedisStreamsDriver(server.url, {"prefix": prefix, **(options or {})}).subscriber(self.stats)
+        stats = Stats("subscriber", "sink")
+        self.transport = RedisStreamsDriver(server.url, {"prefix": prefix, **(options or {})}).subscriber(stats)
         self.gate = threading.Event()
         self.gate.set()
         inner = self.transport.recv
@@ -53,27 +50,7 @@ class Sink:
             return inner(timeout)
 
         self.transport.recv = gated_recv
-        self.sub = Subscriber(
-            self.transport, topics, self.on_event, self.resyncs.append,
-            SubscriberOptions(**{"message_delay_window": 0.2, **opts}), "sink", self.gaps.append, self.stats,
-        )
-
-    def on_event(self, e):
-        with self.lock:
-            self.events.append(e)
-
-    def keys(self, topic=None):
-        with self.lock:
-            return [e.key for e in self.events if topic is None or e.topic == topic]
-
-    def seqs(self, pid, topic):
-        with self.lock:
-            return [e.seq for e in self.events if e.publisher_id == pid and e.topic == topic]
-
-    def undetected_losses(self, pid, sent):
-        """Sequence numbers neither delivered nor inside a resync request's missing range."""
-        return {topic: undetected(self.seqs(pid, topic), [g.missing for g in list(self.gaps) if g.topic == topic],
-                                  last) for topic, last in sent.items()}
+        super().__init__(self.transport, topics, stats, **opts)
 
     def close(self):
         self.gate.set()
@@ -97,7 +74,7 @@ def test_events_flow_to_two_subscribers_with_different_topics_without_false_gaps
     for s, topics in ((s1, {"a", "b"}), (s2, {"b", "c"})):
         assert {e.topic for e in s.events} == topics
         for topic in topics:
-            assert s.seqs(pub.id, topic) == list(range(1, 1001))
+            assert s.seqs(topic, pub.id) == list(range(1, 1001))
             assert s.keys(topic) == [f"k{i}" for i in range(3000) if "abc"[i % 3] == topic]
         assert s.stats.get("gaps") == 0 and s.gaps == [] and s.stats.get("duplicates") == 0
         assert s.stats.get("drops") == 0 and s.stats.get("decode_errors") == 0
@@ -141,7 +118,7 @@ def test_malformed_entries_are_counted_and_skipped_while_valid_traffic_flows(sha
     assert s.get("drops", "foreign_topic") == 20
     assert [k for k in sink.keys("a") if k.startswith("good")] == [f"good{i}" for i in range(20)]
     assert [k for k in sink.keys("a") if k.startswith("raw")] == [f"raw{i}" for i in range(20)]
-    assert sink.seqs(pub.id, "a") == list(range(1, 21))
+    assert sink.seqs("a", pub.id) == list(range(1, 21))
     pub.close()
     sink.close()
     raw.close()
@@ -174,7 +151,7 @@ def test_server_killed_and_restarted_while_publishing(redis_server):
         paused.gate.clear()
         mark = len(live.keys())
         wait_for(lambda: len(live.keys()) >= mark + 2000, what="traffic the paused subscriber has not read")
-        before = {t: max(live.seqs(pub.id, t)) for t in "ab"}  # in the stream, acknowledged
+        before = {t: max(live.seqs(t, pub.id)) for t in "ab"}  # in the stream, acknowledged
         redis_server.kill()
         wait_for(lambda: pub.stats.get("send_errors") >= 3, what="the publisher to notice")
         time.sleep(0.3)
@@ -198,7 +175,7 @@ def test_server_killed_and_restarted_while_publishing(redis_server):
     assert any(g.missing for g in live.gaps)  # ...and the subscribers saw the hole
     for t in "ab":
         # What the stream held at the kill reached the paused subscriber from the stream itself.
-        got = set(paused.seqs(pub.id, t))
+        got = set(paused.seqs(t, pub.id))
         assert all(seq in got for seq in range(1, before[t] + 1))
     live.close()
     paused.close()

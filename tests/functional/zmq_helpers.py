@@ -1,11 +1,10 @@
 """Publishers and recording subscribers on real ZeroMQ sockets, shared by the zmq tests."""
 
-import threading
-
-from dfpubsub import Publisher, PublisherOptions, Subscriber, SubscriberOptions, load_driver
+from dfpubsub import Publisher, PublisherOptions, load_driver
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event
 from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
+from tests.functional.sink_helpers import RecordingSink
 
 
 def make_pub(name="pub", url="zmq+tcp://127.0.0.1:*", options=None, **opts):
@@ -14,28 +13,12 @@ def make_pub(name="pub", url="zmq+tcp://127.0.0.1:*", options=None, **opts):
     return Publisher(transport, name, PublisherOptions(**{"batch_linger": 0.001, **opts}), stats)
 
 
-class Sink:
+class Sink(RecordingSink):
     def __init__(self, topics, endpoints=(), options=None, resync=True, **opts):
-        self.events = []
-        self.resyncs = []
-        self.gaps = []
-        self.lock = threading.Lock()
-        self.stats = Stats("subscriber", "sink")
-        self.sub = Subscriber(
-            load_driver("zmq", options or {}).subscriber(self.stats), topics, self.on_event,
-            self.resyncs.append if resync else None,
-            SubscriberOptions(**{"message_delay_window": 0.2, **opts}), "sink", self.gaps.append, self.stats,
-        )
+        stats = Stats("subscriber", "sink")
+        super().__init__(load_driver("zmq", options or {}).subscriber(stats), topics, stats, resync, **opts)
         for ep in endpoints:
             self.sub.connect(ep)
-
-    def on_event(self, e):
-        with self.lock:
-            self.events.append(e)
-
-    def keys(self, topic=None):
-        with self.lock:
-            return [e.key for e in self.events if topic is None or e.topic == topic]
 
 
 def joined(pub, n=1):
