@@ -11,7 +11,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 
-__all__ = ["Stats", "register_collector", "start_metrics_server"]
+__all__ = ["COUNTERS", "GAUGES", "ROLE_COUNTERS", "Stats", "register_collector", "start_metrics_server"]
 
 _live: "weakref.WeakSet[Stats]" = weakref.WeakSet()
 _registered = False
@@ -45,6 +45,24 @@ COUNTERS: dict[str, str] = {
     "notifications_lost": "Writes that stand but whose notification could not be committed, by reason.",
 }
 
+#: Help strings of every gauge; the exported name is ``dfpubsub_<name>``.
+GAUGES: dict[str, str] = {
+    "pending": "Notifications waiting in the shards a df-notify worker owns, per topic.",
+    "shards_owned": "Shards of a topic whose lease this df-notify worker holds.",
+}
+
+#: Counters a component of each role shows from its start, at zero until they move, so a
+#: scrape tells "nothing happened" from "not exported" (a dashboard can alert on a rate).
+ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
+    "publisher": ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops"),
+    "subscriber": ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled",
+                   "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors"),
+    "controller": ("handler_errors",),
+    "relay": ("envelopes_in", "envelopes_out", "drops"),
+    "archiver": ("events_archived", "segments_published", "segment_bytes", "journals_recovered"),
+    "notifier": ("notifications_enqueued", "notifications_refused", "notifications_lost"),
+}
+
 
 class Stats:
     """Named counters of one component, optionally split by a ``reason`` label."""
@@ -56,6 +74,8 @@ class Stats:
         self.name = name
         self.counts: dict[tuple[str, str], int] = {}
         self.levels: dict[str, float] = {}
+        for counter in ROLE_COUNTERS.get(role, ()):
+            self.counts[(counter, "")] = 0
         _live.add(self)
 
     def set(self, gauge: str, value: float) -> None:
@@ -74,32 +94,44 @@ class Stats:
         return sum(v for (c, _), v in list(self.counts.items()) if c == counter)
 
     def snapshot(self) -> dict[str, int]:
-        """All counters as ``{"name" or "name:reason": value}``."""
-        return {f"{c}:{r}" if r else c: v for (c, r), v in sorted(self.counts.items())}
+        """All counters that moved, as ``{"name" or "name:reason": value}``."""
+        return {f"{c}:{r}" if r else c: v for (c, r), v in sorted(self.counts.items()) if v}
 
 
 class _Collector:
+    """Reads every live :class:`Stats` at scrape time.
+
+    A counter carries the ``reason`` label only if some component counted it
+    with a reason; then its reason-less zero (the seed) is left out rather
+    than exported as ``reason=""``.
+    """
+
     def collect(self) -> Iterator[object]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        families: dict[str, CounterMetricFamily] = {}
+        live = list(_live)
+        samples: dict[str, list[tuple[str, str, str, int]]] = {}
+        for stats in live:
+            for (counter, reason), value in list(stats.counts.items()):
+                samples.setdefault(counter, []).append((stats.role, stats.name, reason, value))
+        for counter, rows in samples.items():
+            reasoned = any(reason for _, _, reason, _ in rows)
+            fam = CounterMetricFamily(f"dfpubsub_{counter}", COUNTERS.get(counter, counter),
+                                      labels=["role", "name", "reason"] if reasoned else ["role", "name"])
+            for role, name, reason, value in rows:
+                if not reasoned:
+                    fam.add_metric([role, name], value)
+                elif reason or value:
+                    fam.add_metric([role, name, reason], value)
+            yield fam
         gauges: dict[str, GaugeMetricFamily] = {}
-        for stats in list(_live):
+        for stats in live:
             for gauge, level in list(stats.levels.items()):
                 gfam = gauges.get(gauge)
                 if gfam is None:
                     gfam = gauges[gauge] = GaugeMetricFamily(f"dfpubsub_{gauge}", GAUGES.get(gauge, gauge),
                                                              labels=["role", "name"])
                 gfam.add_metric([stats.role, stats.name], level)
-            for (counter, reason), value in list(stats.counts.items()):
-                fam = families.get(counter)
-                if fam is None:
-                    fam = families[counter] = CounterMetricFamily(
-                        f"dfpubsub_{counter}", COUNTERS.get(counter, counter),
-                        labels=["role", "name", "reason"],
-                    )
-                fam.add_metric([stats.role, stats.name, reason], value)
-        yield from families.values()
         yield from gauges.values()
 
 

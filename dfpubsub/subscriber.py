@@ -253,6 +253,10 @@ class Subscriber:
 
     def _request(self, req: ResyncRequest) -> None:
         self.stats.inc("resync_requests", reason=req.reason)
+        # One line per gap (each expired gap is one request), rate-limited per reason.
+        self._badlog.warning(req.reason, f"resync of topic {req.topic!r} requested: {req.reason}",
+                             topic=req.topic, reason=req.reason, publisher=req.publisher_id,
+                             missing=None if req.missing is None else list(req.missing))
         if self.on_gap is not None:
             self.on_gap(req)
         if self.on_resync is None or req.topic not in self._topics:
@@ -319,7 +323,9 @@ class Subscriber:
             ok = True
         except Exception as exc:  # the callback reads a remote DB: any failure means "retry later"
             self.stats.inc("resync_failures")
-            log.warning("resync failed; will retry with backoff", extra={"topics": sorted(topics), "error": repr(exc)})
+            # The reason goes into the message itself: it must show without a structured formatter.
+            log.warning("resync of %s failed (%s: %s); will retry with backoff", sorted(topics),
+                        type(exc).__name__, exc, extra={"topics": sorted(topics), "error": repr(exc)})
         finally:
             self.scheduler.done(topics, ok, time.monotonic())
         if ok:

@@ -14,9 +14,30 @@ def test_counters_are_exported_to_prometheus():
     stats.inc("events_in", 5)
     stats.inc("decode_errors", reason="truncated")
     text = generate_latest(REGISTRY).decode()
-    assert 'dfpubsub_events_in_total{name="metrics-test",reason="",role="subscriber"} 5.0' in text
+    assert 'dfpubsub_events_in_total{name="metrics-test",role="subscriber"} 5.0' in text
     assert 'dfpubsub_decode_errors_total{name="metrics-test",reason="truncated",role="subscriber"} 1.0' in text
     assert stats.get("decode_errors") == 1 and stats.snapshot()["decode_errors:truncated"] == 1
+
+
+def test_counters_exist_at_zero_and_carry_no_empty_reason():
+    register_collector()
+    stats = Stats("subscriber", "zero-test")
+    text = generate_latest(REGISTRY).decode()
+    assert 'dfpubsub_gaps_total{name="zero-test",role="subscriber"} 0.0' in text
+    assert 'reason=""' not in text
+    stats.inc("drops", 2, reason="overflow")
+    text = generate_latest(REGISTRY).decode()
+    assert 'dfpubsub_drops_total{name="zero-test",reason="overflow",role="subscriber"} 2.0' in text
+    assert 'reason=""' not in text and stats.snapshot() == {"drops:overflow": 2}
+
+
+def test_gauges_are_exported_with_their_help():
+    register_collector()
+    stats = Stats("notify", "gauge-test")
+    stats.set("pending", 7)
+    text = generate_latest(REGISTRY).decode()
+    assert "# HELP dfpubsub_pending Notifications waiting" in text
+    assert 'dfpubsub_pending{name="gauge-test",role="notify"} 7.0' in text
 
 
 def test_json_log_lines_carry_extra_fields():
