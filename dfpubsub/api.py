@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import ConfigError
 from .metrics import Stats
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = ["Driver", "IngressTransport", "PublisherTransport", "SubscriberTransport"]
 
@@ -122,6 +125,9 @@ class Driver(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: The model of the driver's ``[driver.<name>]`` options (None: it takes none or
+    #: checks them itself); the sample configuration is written from it.
+    options_model: ClassVar["type[BaseModel] | None"] = None
     #: Whether forked workers publish through a publisher service (:meth:`worker_publisher`).
     publisher_service: ClassVar[bool] = False
 

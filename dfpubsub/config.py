@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -279,14 +280,26 @@ _SECTIONS: dict[str, type[_Section]] = {
 }
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config`` and one ``--section.field`` flag per setting to ``parser``."""
+def add_config_arguments(parser: argparse.ArgumentParser, sections: Iterable[str] | None = None) -> None:
+    """Add ``--version``, ``--config`` and one ``--section.field`` flag per setting to ``parser``.
+
+    ``sections`` limits the flags (and so ``--help``) to the sections a program
+    uses; the config file and environment may still set the others. A section
+    named with an underscore takes its flags with a hyphen too
+    (``--publisher-service.announce``), as every other word of a flag does.
+    """
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", metavar="FILE", help=f"TOML config file (default: ${CONFIG_ENV})")
-    group = parser.add_argument_group("settings (override the config file and environment)")
-    for section, model in _SECTIONS.items():
+    chosen = _SECTIONS if sections is None else {name: _SECTIONS[name] for name in sections}
+    for section, model in chosen.items():
+        group = parser.add_argument_group(f"[{section}]", model.__doc__)
         for name, info in model.model_fields.items():
+            flag = f"{section}.{name.replace('_', '-')}"
+            spellings = [f"--{flag.replace('_', '-')}"] + ([f"--{flag}"] if "_" in section else [])
             group.add_argument(
-                f"--{section}.{name.replace('_', '-')}",
+                *spellings,
                 dest=f"set__{section}__{name}",
                 metavar=name.upper(),
                 help=f"{info.description} [default: {info.get_default(call_default_factory=True)!r}]",
@@ -307,11 +320,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, overrides)
 
 
-def parse_settings(prog: str, description: str, argv: list[str] | None = None) -> Settings:
-    """A daemon's command line: ``--config`` and the setting flags. Bad settings print one
-    line (``prog: what is wrong``) and exit with status 2, as argparse does for bad flags."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_config_arguments(parser)
+def parse_settings(
+    prog: str, description: str, argv: list[str] | None = None, sections: Iterable[str] | None = None
+) -> Settings:
+    """A daemon's command line: ``--config`` and the flags of ``sections`` (all if None). Bad
+    settings print one line (``prog: what is wrong``) and exit with status 2, as argparse does
+    for bad flags."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     usage="%(prog)s [-h] [--version] [--config FILE] [--SECTION.SETTING VALUE ...]")
+    add_config_arguments(parser, sections)
     args = parser.parse_args(argv)
     try:
         return settings_from_args(args)

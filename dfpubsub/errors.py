@@ -10,6 +10,7 @@ __all__ = [
     "DfPubSubError",
     "ConfigError",
     "DriverNotFound",
+    "MissingExtra",
     "TransportError",
     "ProtocolError",
     "DecodeError",
@@ -56,6 +57,16 @@ class DriverNotFound(DfPubSubError, LookupError):
         super().__init__(
             f"unknown pub/sub driver {name!r}; known drivers: {', '.join(self.known) or 'none'}"
         )
+
+
+class MissingExtra(DfPubSubError, ImportError):
+    """A chosen backend needs an optional library that is not installed."""
+
+    def __init__(self, what: str, module: str, extra: str):
+        self.what = what
+        self.module = module
+        self.extra = extra
+        super().__init__(f"{what} needs {module}, which is not installed: pip install 'dfpubsub[{extra}]'")
 
 
 class TransportError(DfPubSubError):

@@ -12,16 +12,34 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from .api import Driver
-from .errors import DriverNotFound
+from .errors import DriverNotFound, MissingExtra
+from .extras import needs_extra
 
-__all__ = ["ENTRY_POINT_GROUP", "available_drivers", "parse_driver_url", "load_driver"]
+__all__ = ["ENTRY_POINT_GROUP", "available_drivers", "driver_status", "parse_driver_url", "load_driver"]
 
 ENTRY_POINT_GROUP = "dfpubsub.drivers"
 
 
 def available_drivers() -> list[str]:
-    """Names of the installed drivers."""
+    """Names of the registered drivers, usable or not (see :func:`driver_status`)."""
     return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def driver_status() -> dict[str, str]:
+    """Each registered driver -> "" if it loads, else why not (the extra to install).
+
+    Imports every driver's module, so it costs what loading them all does: for
+    ``--help`` texts and diagnostics, not for hot paths.
+    """
+    status: dict[str, str] = {}
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            with needs_extra(f"driver {ep.name!r}"):
+                ep.load()
+            status[ep.name] = ""
+        except MissingExtra as exc:
+            status[ep.name] = str(exc)
+    return status
 
 
 def parse_driver_url(name_or_url: str) -> tuple[str, str | None]:
@@ -38,15 +56,17 @@ def parse_driver_url(name_or_url: str) -> tuple[str, str | None]:
 def load_driver(name_or_url: str, options: Mapping[str, Any] | None = None) -> Driver:
     """Instantiate the driver named by ``name_or_url`` with its ``options``.
 
-    Raises :class:`DriverNotFound` listing the known drivers when none matches.
-    The driver module is imported only now, so an uninstalled backend costs
-    nothing until it is asked for.
+    Raises :class:`DriverNotFound` listing the known drivers when none matches,
+    :class:`MissingExtra` naming the extra to install when its library is
+    missing. The driver module is imported only now, so an uninstalled backend
+    costs nothing until it is asked for.
     """
     name, url = parse_driver_url(name_or_url)
     matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
     if not matches:
         raise DriverNotFound(name, available_drivers())
-    cls = matches[0].load()
+    with needs_extra(f"driver {name!r}"):
+        cls = matches[0].load()
     if not (isinstance(cls, type) and issubclass(cls, Driver)):
         raise DriverNotFound(f"{name} (entry point is not a Driver subclass)", available_drivers())
     return cls(url, options)

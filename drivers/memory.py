@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from dfpubsub.api import Driver, PublisherTransport, SubscriberTransport
 from dfpubsub.errors import ClosedError, ConfigError
 from dfpubsub.events import CONTROL_TOPIC
@@ -119,21 +121,28 @@ class _MemorySubscriber(SubscriberTransport):
             self._cond.notify_all()
 
 
-class MemoryDriver(Driver):
-    """``memory`` or ``memory://NAME``: an in-process bus (default name ``default``).
+class MemoryOptions(BaseModel):
+    """Options of the ``memory`` driver (config table ``[driver.memory]``)."""
 
-    Option ``queue_size`` (default 100000) bounds each subscriber's inbox.
-    """
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    queue_size: int = Field(100_000, ge=1, description="Frames each subscriber's inbox holds before it drops.")
+
+
+class MemoryDriver(Driver):
+    """``memory`` or ``memory://NAME``: an in-process bus (default name ``default``)."""
 
     name = "memory"
+    options_model = MemoryOptions
 
     def __init__(self, url: str | None = None, options: Mapping[str, Any] | None = None):
         super().__init__(url, options)
         self.bus_name = (url or "memory://default").split("://", 1)[-1] or "default"
-        size = self.options.get("queue_size", 100_000)
-        if type(size) is not int or size < 1:
-            raise ConfigError(f"driver.memory.queue_size must be a positive int, got {size!r}")
-        self.queue_size = size
+        try:
+            self.queue_size = MemoryOptions.model_validate(self.options).queue_size
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"invalid [driver.memory] options: {problems}") from exc
         self.bus = MemoryBus.named(self.bus_name)
 
     def publisher(self, stats: Stats) -> PublisherTransport:

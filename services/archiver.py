@@ -85,7 +85,7 @@ class Archiver:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-archiver``."""
     parser = argparse.ArgumentParser(prog="df-archiver", description=__doc__.split("\n")[0])
-    add_config_arguments(parser)
+    add_config_arguments(parser, ("pubsub", "archive", "store", "discovery", "log", "metrics"))
     args = parser.parse_args(argv)
     try:
         settings = settings_from_args(args)

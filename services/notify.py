@@ -43,7 +43,7 @@ async def _run(worker: DeliveryWorker) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-notify``."""
-    settings = parse_settings("df-notify", __doc__.split("\n")[0], argv)
+    settings = parse_settings("df-notify", __doc__.split("\n")[0], argv, ("notify", "store", "pubsub", "log", "metrics"))
     setup_logging(settings.log.level, settings.log.format)
     n = settings.notify
     worker_id = n.worker_id or f"{socket.gethostname()}:{os.getpid()}"

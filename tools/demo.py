@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dfpubsub import __version__
 from dfpubsub.cache import Change
 from dfpubsub.controller import Controller
 from dfpubsub.events import VersionedObject
@@ -158,6 +159,7 @@ def run(n_writes: int, workdir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-demo``."""
     parser = argparse.ArgumentParser(prog="df-demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--writes", type=int, default=30, help="number of store writes to publish")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="df-demo-") as tmp:

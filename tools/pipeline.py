@@ -13,6 +13,7 @@ import logging
 import sys
 from typing import Any
 
+from dfpubsub import __version__
 from dfpubsub.config import add_config_arguments, settings_from_args
 from dfpubsub.errors import DfPubSubError, PipelineError
 from dfpubsub.logs import setup_logging
@@ -40,6 +41,7 @@ def _compaction_options(p: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="df-pipeline", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting (repeatable)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -64,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", help="topics to sync (default: pubsub.topics, else store.tables)")
     p.add_argument("--verify", action="store_true", help="also list the store and compare (exit 1 on a difference)")
     _compaction_options(p)
-    add_config_arguments(p)
+    add_config_arguments(p, ("store", "pubsub"))
     return parser
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError, DfPubSubError
+from ..extras import needs_extra
 from ..store import sqlite_path
 from .api import Discovery, PollingWatcher, PublisherRecord, RecordCallback, Registration, Watcher, check_timing
 
@@ -77,11 +78,13 @@ def open_discovery(
 
         return SqliteDiscovery(sqlite_path(url), ttl, renew_interval, prefix, timeout)
     if scheme == "etcd":
-        from .etcd import EtcdDiscovery
+        with needs_extra("the etcd discovery"):
+            from .etcd import EtcdDiscovery
 
         return EtcdDiscovery(url, ttl, renew_interval, prefix, timeout)
     if scheme == "redis":
-        from .redis import RedisDiscovery
+        with needs_extra("the Redis discovery"):
+            from .redis import RedisDiscovery
 
         return RedisDiscovery(url, ttl, renew_interval, prefix, timeout)
     raise ConfigError(f"unknown discovery URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")

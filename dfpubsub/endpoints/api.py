@@ -17,7 +17,8 @@ from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import EndpointConfigError
+from ..errors import EndpointConfigError, MissingExtra
+from ..extras import needs_extra
 from ..notify.notification import Notification
 from ..notify.records import CE_JSON, JSON, cloudevent, s3_message, to_json
 
@@ -210,12 +211,10 @@ def open_endpoint(url: str, *, format: str = "s3", options: Mapping[str, str] | 
             f"no endpoint for {safe_url(url)!r}; known schemes: {', '.join(available_endpoints()) or 'none'}"
         )
     try:
-        cls: Any = matches[0].load()
-    except ImportError as exc:
-        raise EndpointConfigError(
-            f"endpoint scheme {scheme!r} needs a library that is not installed ({exc}); "
-            "install dfpubsub[notify]"
-        ) from exc
+        with needs_extra(f"endpoint scheme {scheme!r}"):
+            cls: Any = matches[0].load()
+    except MissingExtra as exc:
+        raise EndpointConfigError(str(exc)) from exc
     if not (isinstance(cls, type) and issubclass(cls, Endpoint)):
         raise EndpointConfigError(f"entry point {scheme!r} of {ENTRY_POINT_GROUP} is not an Endpoint subclass")
     return cls(url, format, options)

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..extras import needs_extra
 from ..store import sqlite_path
 from .api import (
     DEFAULT_MAX_BYTES,
@@ -57,11 +58,13 @@ def open_queues(url: str, **options: Any) -> QueueStore:
 
         return SqliteQueues(sqlite_path(url), **options)
     if scheme == "redis":
-        from .redis import RedisQueues
+        with needs_extra("the Redis queues"):
+            from .redis import RedisQueues
 
         return RedisQueues(url, **options)
     if scheme == "etcd":
-        from .etcd import EtcdQueues
+        with needs_extra("the etcd queues"):
+            from .etcd import EtcdQueues
 
         return EtcdQueues(url, **options)
     raise ConfigError(f"unknown queues URL {url!r}; use sqlite:///path, redis://host:port/db or etcd://host:port")

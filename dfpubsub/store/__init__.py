@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..extras import needs_extra
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 
 __all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "sqlite_path", "DEFAULT_MAX_VALUE_BYTES"]
@@ -44,11 +45,13 @@ def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
 
         return SqliteStore(sqlite_path(url), tables, **options)
     if scheme == "etcd":
-        from .etcd import EtcdStore
+        with needs_extra("the etcd store"):
+            from .etcd import EtcdStore
 
         return EtcdStore(url, tables, **options)
     if scheme == "redis":
-        from .redis import RedisStore
+        with needs_extra("the Redis store"):
+            from .redis import RedisStore
 
         return RedisStore(url, tables, **options)
     raise ConfigError(f"unknown store URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")

@@ -66,6 +66,7 @@ class EtcdWatchDriver(Driver):
     """``etcd://host:port[,host:port...]``: envelopes are leased etcd keys that subscribers watch."""
 
     name = "etcd"
+    options_model = EtcdWatchOptions
 
     def __init__(self, url: str | None = None, options: Mapping[str, Any] | None = None):
         super().__init__(url, options)

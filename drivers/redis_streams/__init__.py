@@ -81,6 +81,7 @@ class RedisStreamsDriver(Driver):
     """``redis://host:port/db``: topics are Redis streams under ``{prefix}:ps:``."""
 
     name = "redis"
+    options_model = RedisStreamsOptions
 
     def __init__(self, url: str | None = None, options: Mapping[str, Any] | None = None):
         super().__init__(url, options)

@@ -35,6 +35,7 @@ class ZmqDriver(Driver):
     subscribers connect to it and to ``options["publishers"]``."""
 
     name = "zmq"
+    options_model = ZmqOptions
     publisher_service = True
 
     def __init__(self, url: str | None = None, options: Mapping[str, Any] | None = None):

@@ -31,7 +31,8 @@ class ZmqOptions(BaseModel):
     worker_hwm: int = Field(
         10_000, ge=1, description="Envelopes a forked worker buffers while the publisher service is away; then drops."
     )
-    ipc_mode: int = Field(0o660, ge=0, le=0o777, description="Permissions of a bound ipc socket file.")
+    ipc_mode: int = Field(0o660, ge=0, le=0o777, description="Permissions of a bound ipc socket file.",
+                          json_schema_extra={"octal": True})
     curve_secret_key: str | None = Field(None, description="Publisher: Z85 CURVE secret key; enables encryption.")
     curve_server_key: str | None = Field(None, description="Subscriber: the publishers' Z85 CURVE public key.")
     curve_client_secret_key: str | None = Field(

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from dfpubsub import __version__
 from dfpubsub.errors import ConfigError, DfPubSubError
 
 from . import notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
@@ -34,6 +35,12 @@ app.add_typer(queue_cmds.app, name="queues", help="The persistent notification q
 app.add_typer(notify_cmds.app)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"df-db {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(
     ctx: typer.Context,
@@ -46,6 +53,8 @@ def _options(
     queues: Annotated[str | None, typer.Option(
         "--queues", metavar="URL", help="Notification queues URL (default: the store's URL).")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-o", help="table for people, json for scripts.")] = Format.table,
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version, help="Print the version and exit.")] = False,
 ) -> None:
     ctx.obj = CliState(config, store, queues, fmt)
 

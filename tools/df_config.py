@@ -1,0 +1,44 @@
+"""df-config: print the sample configuration, or check a configuration as the daemons would load it.
+
+``df-config sample > /etc/dfpubsub/dfpubsub.toml`` writes every setting with
+its default and help; ``df-config check --config FILE`` loads FILE, the
+environment and any flags exactly as a daemon does and prints one line per
+problem (exit 2) or the effective settings as JSON (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dfpubsub import __version__
+from dfpubsub.config import add_config_arguments, settings_from_args
+from dfpubsub.errors import ConfigError
+from dfpubsub.sample_config import render_sample
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``df-config``."""
+    parser = argparse.ArgumentParser(prog="df-config", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("sample", help="print the sample configuration (every setting, its default and help)")
+    add_config_arguments(sub.add_parser("check", help="load and validate the configuration; print it as JSON"))
+    args = parser.parse_args(argv)
+    if args.command == "sample":
+        sys.stdout.write(render_sample())
+        return 0
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as exc:
+        print(f"df-config: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(settings.model_dump(mode="json"), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
