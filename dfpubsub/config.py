@@ -96,8 +96,8 @@ class StoreSettings(_Section):
     """``[store]``: the northbound DB."""
 
     url: str = Field(
-        "sqlite:///var/lib/dfpubsub/nb.sqlite",
-        description="sqlite:///path (embedded, default), etcd://host:port or redis://host:port/db.",
+        "sqlite:////var/lib/dfpubsub/nb.sqlite",
+        description="sqlite:////abs/path or sqlite:///rel/path (embedded, default), etcd://host:port or redis://host:port/db.",
     )
     tables: list[str] = Field(
         default_factory=lambda: ["chassis", "network", "subnet", "port", "router", "secgroup"],

@@ -112,7 +112,7 @@ def write(api: NbApi, i: int) -> None:
 
 
 def run(n_writes: int, workdir: Path) -> int:
-    store = open_store(f"sqlite://{workdir}/nb.sqlite", TABLES)
+    store = open_store(f"sqlite:///{workdir}/nb.sqlite", TABLES)
     say("store", f"embedded SQLite at {workdir}/nb.sqlite")
     stats = Stats("publisher", "api-worker")
     transport = LossyTransport(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), drop_nth("port", 5))

@@ -29,7 +29,7 @@ def run_notifications(api: NbApi, workdir: Path, say: Callable[[str, str], None]
     """Write ports with notifications on; True if the webhook got every change once the queues drained."""
     # The demo narrates the outage itself; the worker's own warnings would repeat it.
     logging.getLogger("dfpubsub.notify").setLevel(logging.ERROR)
-    queues = open_queues(f"sqlite://{workdir}/queues.sqlite")
+    queues = open_queues(f"sqlite:///{workdir}/queues.sqlite")
     registry = NotificationRegistry(queues)
     webhook = WebhookReceiver()
     registry.create_topic(Topic("port-events", webhook.url, persistent=True, retry_sleep=0.3))

@@ -49,7 +49,7 @@ class SqliteDiscovery(Discovery):
 
     def __init__(self, path: str, ttl: float, renew_interval: float, prefix: str = "dfpubsub",
                  timeout: float | None = None):
-        super().__init__(f"sqlite://{'/' if path == ':memory:' else ''}{path}", ttl, renew_interval, prefix, timeout)
+        super().__init__(f"sqlite:///{path}", ttl, renew_interval, prefix, timeout)
         self.path = path
         # The busy timeout bounds the wait for the write lock: a renewal must not hang past its tick.
         self._db = SqliteDb(path, _SCHEMA, "discovery", timeout=self.timeout)

@@ -2,7 +2,8 @@
 
 ``open_store(url, tables)`` picks the backend by URL scheme:
 
-- ``sqlite:///path/nb.sqlite`` (the default; ``sqlite:///:memory:`` for tests)
+- ``sqlite:////abs/path/nb.sqlite``, ``sqlite:///relative/nb.sqlite`` (the default;
+  ``sqlite:///:memory:`` for tests)
 - ``etcd://host:port`` (etcd 3.4+ through aetcd)
 - ``redis://host:port/db`` (Redis 7 through redis-py, atomic Lua scripts)
 
@@ -12,25 +13,51 @@ aetcd nor redis installed.
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..extras import needs_extra
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 
-__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "sqlite_path", "DEFAULT_MAX_VALUE_BYTES"]
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "require_sqlite_file", "sqlite_path", "DEFAULT_MAX_VALUE_BYTES"]
 
 
 def sqlite_path(url: str) -> str:
-    """The file of ``sqlite:///path`` (``:memory:`` for ``sqlite:///:memory:``); ConfigError without one."""
-    path = url[len("sqlite://"):]
-    if path in ("/:memory:", ":memory:"):
-        return ":memory:"
+    """The file of a ``sqlite:`` URL, as SQLAlchemy and oslo.db read them.
+
+    ``sqlite:///relative/nb.sqlite`` is relative to the working directory,
+    ``sqlite:////abs/nb.sqlite`` absolute, ``sqlite:///:memory:`` private and
+    in memory. For the older reading, where three slashes meant an absolute
+    path: a relative path whose folder does not exist while ``/folder`` does
+    is taken as absolute, with a DeprecationWarning (write four slashes).
+    ConfigError without a path.
+    """
+    if not url.startswith("sqlite:///"):
+        raise ConfigError(f"sqlite URL must start with sqlite:/// (relative) or sqlite://// (absolute): {url!r}")
+    path = url[len("sqlite:///"):]
+    if path == ":memory:":
+        return path
     if not path:
-        raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:///var/lib/dfpubsub/nb.sqlite: {url!r}")
+        raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:////var/lib/dfpubsub/nb.sqlite: {url!r}")
+    folder = os.path.dirname(path)
+    if folder and not os.path.isabs(path) and not os.path.isdir(folder) and os.path.isdir("/" + folder):
+        warnings.warn(f"{url} names {path} in the missing folder {folder}; using /{path} as older versions "
+                      f"did. Write sqlite:////{path} for an absolute path.", DeprecationWarning, stacklevel=2)
+        return "/" + path
     return path
+
+
+def require_sqlite_file(url: str) -> None:
+    """For commands that only read: StoreUnavailable, naming the file, if ``url`` is a SQLite
+    database that does not exist (opening it would create an empty one)."""
+    if url.startswith("sqlite:"):
+        path = sqlite_path(url)
+        if path != ":memory:" and not os.path.exists(path):
+            raise StoreUnavailable(f"no database at {os.path.abspath(path)} ({url}); nothing to read")
 
 
 def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:

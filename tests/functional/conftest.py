@@ -32,7 +32,7 @@ def backend_store(request, tmp_path, tables, label):
     from dfpubsub.store import open_store
 
     if request.param == "sqlite":
-        return open_store(f"sqlite://{tmp_path}/nb.sqlite", tables)
+        return open_store(f"sqlite:///{tmp_path}/nb.sqlite", tables)
     server = request.getfixturevalue(f"shared_{request.param}")
     return open_store(server.url, tables, prefix=f"{label}{next(_prefix)}-{tmp_path.name}")
 

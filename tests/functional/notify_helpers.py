@@ -17,7 +17,7 @@ FAST = {"renew_interval": 0.2, "lease": 1.0, "poll_interval": 0.02}
 def open_backend(kind, tmp_path, shared_redis=None, shared_etcd=None):
     """Queues on ``kind`` (sqlite, redis or etcd), under a key prefix of their own."""
     if kind == "sqlite":
-        return open_queues(f"sqlite://{tmp_path}/queues.sqlite")
+        return open_queues(f"sqlite:///{tmp_path}/queues.sqlite")
     prefix = f"t{next(_prefix)}-{tmp_path.name[-20:]}"
     if kind == "redis":
         return open_queues(f"redis://127.0.0.1:{shared_redis.port}/0", prefix=prefix)

@@ -133,7 +133,7 @@ def test_converges_after_the_store_is_killed_and_restarted_under_load(backend, r
 
 
 def test_handlers_see_changes_found_by_resync(tmp_path):
-    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", TABLES)
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", TABLES)
     store.create("port", "before", 1)
     pub = make_pub()
     node = Node(store, pub.transport.uri)
@@ -150,7 +150,7 @@ def test_handlers_see_changes_found_by_resync(tmp_path):
 
 
 def test_periodic_reconcile_repairs_a_write_that_was_never_published(tmp_path):
-    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", TABLES)
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", TABLES)
     pub = make_pub()
     ctrl = Controller(store, load_driver("zmq").subscriber(Stats("s", "s")), TABLES, {},
                       SubscriberOptions(message_delay_window=0.2), reconcile_interval=0.2)

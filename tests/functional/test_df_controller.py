@@ -15,7 +15,7 @@ from tests.conftest import free_port, wait_for
 
 
 def test_df_controller_logs_changes_and_stops_on_sigterm(tmp_path):
-    db = f"sqlite://{tmp_path}/nb.sqlite"
+    db = f"sqlite:///{tmp_path}/nb.sqlite"
     port = free_port()
     store = open_store(db, ["port", "network"])
     store.create("port", "existing", {"n": 0})
@@ -65,7 +65,7 @@ def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path):
 
 
 def test_async_nbapi(tmp_path):
-    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", ["port"])
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", ["port"])
 
     async def scenario():
         api = AsyncNbApi(NbApi(store))
@@ -83,7 +83,7 @@ def test_async_nbapi(tmp_path):
 def test_df_controller_finds_publishers_through_discovery(tmp_path):
     from dfpubsub.discovery import PublisherAnnouncer, open_discovery
 
-    db = f"sqlite://{tmp_path}/nb.sqlite"
+    db = f"sqlite:///{tmp_path}/nb.sqlite"
     store = open_store(db, ["port"])
     stats = Stats("p", "p")
     pub = Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "api", PublisherOptions(batch_linger=0),

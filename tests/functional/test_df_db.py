@@ -27,7 +27,7 @@ def backend(request, tmp_path):
     prefix = f"dfdb{next(_prefix)}-{os.getpid()}"
     env = base_env(DFPUBSUB_STORE__PREFIX=prefix, DFPUBSUB_DISCOVERY__PREFIX=prefix)
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/nb.sqlite", env
+        return f"sqlite:///{tmp_path}/nb.sqlite", env
     return request.getfixturevalue(f"shared_{request.param}").url, env
 
 
@@ -68,7 +68,7 @@ def test_store_commands_round_trip(backend):
 
 
 def test_missing_objects_bad_input_and_usage_errors(tmp_path):
-    env = base_env(DFPUBSUB_STORE__URL=f"sqlite://{tmp_path}/nb.sqlite")
+    env = base_env(DFPUBSUB_STORE__URL=f"sqlite:///{tmp_path}/nb.sqlite")
     ok(env, "add", "port", '{"key": "p1", "value": 1}')
     assert refused(env, "get", "port", "nope") == "df-db: port/nope does not exist\n"
     assert "unknown table 'nope'" in refused(env, "ls", "nope")
@@ -100,12 +100,14 @@ def test_missing_objects_bad_input_and_usage_errors(tmp_path):
 
 def test_config_file_selects_the_backend_and_store_overrides_it(tmp_path):
     config = tmp_path / "df.toml"
-    config.write_text(f'[store]\nurl = "sqlite://{tmp_path}/a.sqlite"\ntables = ["widget"]\n'
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/a.sqlite"\ntables = ["widget"]\n'
                       '[pubsub]\ndriver = "memory"\n')
     env = base_env()
     ok(env, "--config", str(config), "add", "widget", '{"key": "w", "value": 1}')
     assert [r["table"] for r in ok(env, "--config", str(config), "tables")] == ["widget"]
-    other = ("--config", str(config), "--store", f"sqlite://{tmp_path}/b.sqlite")
+    other = ("--config", str(config), "--store", f"sqlite:///{tmp_path}/b.sqlite")
+    assert "no database at" in refused(env, *other, "tables")  # reading never creates a database
+    ok(env, *other, "init")
     assert ok(env, *other, "tables") == [{"table": "widget", "objects": 0}]
     assert ok(env, "--config", str(config), "get", "widget", "w")["value"] == 1
 
@@ -118,7 +120,7 @@ def test_unreachable_backend_is_one_line(server):
 
 
 def test_destructive_commands_confirm(tmp_path):
-    env = base_env(DFPUBSUB_STORE__URL=f"sqlite://{tmp_path}/nb.sqlite")
+    env = base_env(DFPUBSUB_STORE__URL=f"sqlite:///{tmp_path}/nb.sqlite")
     ok(env, "add", "port", '[{"key": "a", "value": 1}, {"key": "b", "value": 2}]')
     for args in (["rm", "port", "a"], ["clean"], ["dropall"]):
         assert "refusing without --yes" in refused(env, *args)
@@ -145,7 +147,7 @@ def test_destructive_commands_confirm(tmp_path):
 def test_writes_publish_and_watch_shows_them_from_another_process(tmp_path, shared_redis):
     """Two df-db processes: one watches Redis Streams, the other writes through NbApi."""
     prefix = f"dfdbw{os.getpid()}"
-    env = base_env(DFPUBSUB_STORE__URL=f"sqlite://{tmp_path}/nb.sqlite", DFPUBSUB_PUBSUB__DRIVER=shared_redis.url,
+    env = base_env(DFPUBSUB_STORE__URL=f"sqlite:///{tmp_path}/nb.sqlite", DFPUBSUB_PUBSUB__DRIVER=shared_redis.url,
                    DFPUBSUB_DRIVER=json.dumps({"redis": {"prefix": prefix}}))
     watch = subprocess.Popen([EXE, "-o", "json", "watch", "port", "network", "--count", "3", "--timeout", "60"],
                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -185,7 +187,7 @@ def _read_lines(proc: subprocess.Popen) -> list[str]:
 def test_watch_marks_gaps_as_they_are_seen(tmp_path):
     port = free_port()
     pub = _zmq_publisher(f"zmq+tcp://127.0.0.1:{port}", drop_nth("port", 2))
-    env = base_env(DFPUBSUB_STORE__URL=f"sqlite://{tmp_path}/nb.sqlite", DFPUBSUB_PUBSUB__DRIVER="zmq",
+    env = base_env(DFPUBSUB_STORE__URL=f"sqlite:///{tmp_path}/nb.sqlite", DFPUBSUB_PUBSUB__DRIVER="zmq",
                    DFPUBSUB_PUBSUB__MESSAGE_DELAY_WINDOW="0.2")
     watch = subprocess.Popen([EXE, "-o", "json", "watch", "port", "--connect", f"tcp://127.0.0.1:{port}",
                               "--count", "4", "--timeout", "60"],
@@ -236,7 +238,7 @@ def test_publishers_shows_an_announced_publisher(backend):
 
 
 def test_watch_discovers_publishers_and_prints_a_table(tmp_path):
-    db = f"sqlite://{tmp_path}/nb.sqlite"
+    db = f"sqlite:///{tmp_path}/nb.sqlite"
     pub = _zmq_publisher("zmq+tcp://127.0.0.1:*")
     discovery = open_discovery(db, ttl=3.0, renew_interval=0.5)
     env = base_env(DFPUBSUB_STORE__URL=db, DFPUBSUB_PUBSUB__DRIVER="zmq")
@@ -262,7 +264,7 @@ def test_watch_discovers_publishers_and_prints_a_table(tmp_path):
 
 
 def test_watch_times_out_with_a_message(tmp_path):
-    env = base_env(DFPUBSUB_STORE__URL=f"sqlite://{tmp_path}/nb.sqlite", DFPUBSUB_PUBSUB__DRIVER="zmq")
+    env = base_env(DFPUBSUB_STORE__URL=f"sqlite:///{tmp_path}/nb.sqlite", DFPUBSUB_PUBSUB__DRIVER="zmq")
     out = df_db(env, "-o", "json", "watch", "port", "--count", "1", "--timeout", "0.5")
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.splitlines()[-1] == "df-db: timed out after 0.5 s with 0 of 1 events"

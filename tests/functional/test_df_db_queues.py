@@ -22,7 +22,7 @@ def queues(request, tmp_path):
     """(env, open QueueStore) of an empty queue backend; df-db finds it through --store and store.prefix."""
     prefix = f"dfdbq{next(_prefix)}-{os.getpid()}"
     if request.param == "sqlite":
-        url = f"sqlite://{tmp_path}/nb.sqlite"
+        url = f"sqlite:///{tmp_path}/nb.sqlite"
         store = open_queues(url)
     else:
         url = request.getfixturevalue(f"shared_{request.param}").url
@@ -103,7 +103,8 @@ def test_queue_and_notification_commands(queues):
 
 
 def test_unknown_queues_are_one_line_errors(tmp_path):
-    env = base_env(DFPUBSUB_STORE__URL=f"sqlite://{tmp_path}/nb.sqlite")
+    env = base_env(DFPUBSUB_STORE__URL=f"sqlite:///{tmp_path}/nb.sqlite")
+    open_queues(f"sqlite:///{tmp_path}/nb.sqlite").close()
     for args in (["queues", "stats", "nope"], ["queues", "owners", "nope"], ["queues", "dump", "nope"],
                  ["deadletters", "nope"]):
         assert "nope" in refused(env, *args)
@@ -113,9 +114,10 @@ def test_unknown_queues_are_one_line_errors(tmp_path):
 
 
 def test_queues_url_overrides_the_store(tmp_path):
-    env = base_env(DFPUBSUB_STORE__URL=f"sqlite://{tmp_path}/nb.sqlite")
-    with open_queues(f"sqlite://{tmp_path}/queues.sqlite") as store:
+    env = base_env(DFPUBSUB_STORE__URL=f"sqlite:///{tmp_path}/nb.sqlite")
+    open_queues(f"sqlite:///{tmp_path}/nb.sqlite").close()
+    with open_queues(f"sqlite:///{tmp_path}/queues.sqlite") as store:
         store.create_queue("elsewhere")
     assert ok(env, "queues", "list") == []
-    assert [q["queue"] for q in ok(env, "--queues", f"sqlite://{tmp_path}/queues.sqlite", "queues", "list")] == [
+    assert [q["queue"] for q in ok(env, "--queues", f"sqlite:///{tmp_path}/queues.sqlite", "queues", "list")] == [
         "elsewhere"]

@@ -37,7 +37,7 @@ _prefix = itertools.count()
 def backend(request, tmp_path):
     """(url, prefix) of an empty discovery table of each backend."""
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/discovery.sqlite", "dfpubsub"
+        return f"sqlite:///{tmp_path}/discovery.sqlite", "dfpubsub"
     server = request.getfixturevalue(f"shared_{request.param}")
     return server.url, f"d{next(_prefix)}-{os.getpid()}"
 
@@ -296,7 +296,7 @@ def test_config_defaults_and_sample(tmp_path):
     assert load_settings(str(SAMPLE)).discovery == DiscoverySettings()
     # An empty discovery.url means the store's URL.
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[store]\nurl = "sqlite://{tmp_path}/nb.sqlite"\n[discovery]\nttl = 3\nrenew_interval = 1\n')
+    cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/nb.sqlite"\n[discovery]\nttl = 3\nrenew_interval = 1\n')
     d = discovery_from_settings(load_settings(str(cfg)))
     assert (d.backend, d.ttl, d.renew_interval) == ("sqlite", 3.0, 1.0)
     d.close()
@@ -347,7 +347,7 @@ class FakeSubscriber:
 
 
 def test_connector_keeps_a_uri_another_live_record_lists_and_skips_static_ones(tmp_path):
-    d = open_discovery(f"sqlite://{tmp_path}/d.sqlite", TTL, RENEW)
+    d = open_discovery(f"sqlite:///{tmp_path}/d.sqlite", TTL, RENEW)
     sub = FakeSubscriber(endpoints=["tcp://static:1"])
     connector = DiscoveryConnector(d, sub)
     mk = lambda pid, uris: PublisherRecord(pid, pid, uris, "h", 1, time.time(), [])  # noqa: E731
@@ -432,7 +432,7 @@ def test_subscriber_follows_publishers_announced_at_run_time(opened):
 def test_a_forked_child_closing_its_copy_leaves_the_parents_row(tmp_path):
     import multiprocessing
 
-    d = open_discovery(f"sqlite://{tmp_path}/d.sqlite", TTL, RENEW)
+    d = open_discovery(f"sqlite:///{tmp_path}/d.sqlite", TTL, RENEW)
     reg = d.register(record())
     child = multiprocessing.get_context("fork").Process(target=d.close)  # closes every inherited registration
     child.start()
@@ -442,7 +442,7 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_row(tmp_path):
     time.sleep(2 * RENEW)
     assert reg.renewals >= 1 and not reg.closed
     d.close()  # the parent's close does delete it
-    with open_discovery(f"sqlite://{tmp_path}/d.sqlite", TTL, RENEW) as again:
+    with open_discovery(f"sqlite:///{tmp_path}/d.sqlite", TTL, RENEW) as again:
         assert again.list() == []
 
 

@@ -163,7 +163,7 @@ def test_100_creates_and_100_deletes_through_nbapi_are_all_delivered(queues, tmp
     from dfpubsub.store import open_store
 
     registry = NotificationRegistry(queues)
-    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", ["port"])
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", ["port"])
     with WebhookReceiver() as webhook:
         make_topic(registry, "objects", webhook.url)
         registry.put_configuration(NotificationConfig("all", "port", "objects"))

@@ -35,7 +35,7 @@ class Clock:
 def where(request, tmp_path):
     """(url, options) of a store and queues that share a backend."""
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/nb.sqlite", {}
+        return f"sqlite:///{tmp_path}/nb.sqlite", {}
     server = request.getfixturevalue("shared_redis")
     return f"redis://127.0.0.1:{server.port}/0", {"prefix": f"ob{next(_n)}-{tmp_path.name[-20:]}"}
 
@@ -153,8 +153,8 @@ def test_processes_writing_one_key_enqueue_it_in_version_order(where):
 
 
 def test_a_store_refuses_an_outbox_of_queues_it_does_not_hold(tmp_path):
-    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", TABLES)
-    queues = open_queues(f"sqlite://{tmp_path}/elsewhere.sqlite")
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", TABLES)
+    queues = open_queues(f"sqlite:///{tmp_path}/elsewhere.sqlite")
     queues.create_queue("q")
     assert not queues.shares_store(store)
     with pytest.raises(InvalidValue, match="cannot commit"):

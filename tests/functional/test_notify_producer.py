@@ -71,8 +71,8 @@ class Env:
 def env(request, tmp_path):
     kind = request.param
     if kind.startswith("sqlite"):
-        url, options = f"sqlite://{tmp_path}/nb.sqlite", {}
-        queues_url = f"sqlite://{tmp_path}/queues.sqlite" if kind.endswith("-split") else url
+        url, options = f"sqlite:///{tmp_path}/nb.sqlite", {}
+        queues_url = f"sqlite:///{tmp_path}/queues.sqlite" if kind.endswith("-split") else url
     else:
         server = request.getfixturevalue("shared_etcd" if kind == "etcd" else "shared_redis")
         scheme = "etcd" if kind == "etcd" else "redis"
@@ -283,7 +283,7 @@ def test_async_nbapi_notifies_through_its_nbapi(env):
 
 
 def test_from_settings_builds_the_notifier_when_notify_is_enabled(tmp_path):
-    db = f"sqlite://{tmp_path}/nb.sqlite"
+    db = f"sqlite:///{tmp_path}/nb.sqlite"
     base = {"store": {"url": db, "tables": TABLES}}
     assert NbApi.from_settings(load_settings(None, base), publish=False).notifier is None
     api = NbApi.from_settings(load_settings(None, {**base, "notify": {"enabled": True}}), publish=False)

@@ -15,7 +15,7 @@ HOOK = "http://127.0.0.1:8080/hook"
 @pytest.fixture(params=["sqlite", "redis", "etcd"])
 def queues(request, tmp_path):
     if request.param == "sqlite":
-        q = open_queues(f"sqlite://{tmp_path}/queues.sqlite")
+        q = open_queues(f"sqlite:///{tmp_path}/queues.sqlite")
     else:
         server = request.getfixturevalue(f"shared_{request.param}")
         q = open_queues(server.url, prefix=f"n{next(_prefix)}-{tmp_path.name}")

@@ -113,7 +113,7 @@ def test_snapshot_topics_with_any_characters_load_back(spark, tmp_path):
 
 
 def test_no_snapshot_falls_back_to_listing_the_store(tmp_path):
-    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", TABLES)
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", TABLES)
     store.create("port", "p", 1)
     boot = SnapshotBootstrap(str(tmp_path / "nothing-here"))
     ctl = Controller(store, load_driver(f"memory://none-{tmp_path.name}").subscriber(Stats("s", "n")), ["port"],
@@ -127,7 +127,7 @@ def test_no_snapshot_falls_back_to_listing_the_store(tmp_path):
 
 
 def test_df_pipeline_compacts_and_verifies_a_bootstrap(tmp_path):
-    db = f"sqlite://{tmp_path}/nb.sqlite"
+    db = f"sqlite:///{tmp_path}/nb.sqlite"
     log, snap = tmp_path / "log", tmp_path / "snap"
     store = open_store(db, TABLES)
     pub = archive_history(store, f"memory://cli-{tmp_path.name}", log)

@@ -105,7 +105,7 @@ def _events_from_all(nodes, count):
 
 def test_worker_killed_mid_stream_is_found_dead_and_caches_converge(tmp_path):
     port, sock = _paths(tmp_path)
-    db = f"sqlite://{tmp_path}/nb.sqlite"
+    db = f"sqlite:///{tmp_path}/nb.sqlite"
     store = open_store(db, TABLES)
     svc = Service(port, sock, *NO_ANNOUNCE).start()
     nodes = [Node(store, svc.uri) for _ in range(2)]
@@ -136,7 +136,7 @@ def test_worker_killed_mid_stream_is_found_dead_and_caches_converge(tmp_path):
 
 def test_service_killed_and_restarted_under_load_loses_nothing_undetected(tmp_path):
     port, sock = _paths(tmp_path)
-    db = f"sqlite://{tmp_path}/nb.sqlite"
+    db = f"sqlite:///{tmp_path}/nb.sqlite"
     store = open_store(db, TABLES)
     svc = Service(port, sock, *NO_ANNOUNCE).start()
     nodes = [Node(store, svc.uri) for _ in range(2)]
@@ -216,7 +216,7 @@ def test_service_is_found_through_discovery_and_vanishes_when_killed(tmp_path, e
 
 def test_sigterm_drains_unregisters_and_removes_the_socket(tmp_path):
     port, sock = _paths(tmp_path)
-    url = f"sqlite://{tmp_path}/discovery.sqlite"
+    url = f"sqlite:///{tmp_path}/discovery.sqlite"
     svc = Service(port, sock, "--discovery.url", url, "--pubsub.publisher-name", "svc").start()
     discovery = open_discovery(url, ttl=10, renew_interval=3)
     sink = Sink(["port", "probe"], [svc.uri])

@@ -34,7 +34,7 @@ class FakeClock:
 def queues_url(request, tmp_path):
     """(url, options) of a fresh, empty queue backend of each kind."""
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/queues.sqlite", {}
+        return f"sqlite:///{tmp_path}/queues.sqlite", {}
     server = request.getfixturevalue(f"shared_{request.param}")
     return server.url, {"prefix": f"q{next(_prefix)}-{tmp_path.name}"}
 

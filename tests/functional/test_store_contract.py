@@ -27,7 +27,7 @@ WORKER = Path(__file__).with_name("store_worker.py")
 def store_url(request, tmp_path):
     """(url, options) of a fresh, empty store of each backend."""
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/nb.sqlite", {}
+        return f"sqlite:///{tmp_path}/nb.sqlite", {}
     server = request.getfixturevalue(f"shared_{request.param}")
     return server.url, {"prefix": f"t{next(_prefix)}-{tmp_path.name}"}
 

@@ -10,7 +10,7 @@ import pytest
 
 from dfpubsub import __version__
 from dfpubsub.config import Settings, load_settings
-from dfpubsub.errors import MissingExtra
+from dfpubsub.errors import ConfigError, MissingExtra
 from dfpubsub.extras import needs_extra
 from dfpubsub.sample_config import render_sample
 from dfpubsub.services import archiver, controller, notify, publisher_service
@@ -88,3 +88,19 @@ def test_without_pyzmq_the_driver_and_df_db_without_typer_say_which_extra():
     assert lines[1] == "True" and lines[2] == lines[0]
     assert out.returncode == 2 and out.stderr.strip() == (
         "df-db: df-db needs typer, which is not installed: pip install 'dfpubsub[cli]'")
+
+
+def test_sqlite_urls_read_as_sqlalchemy_does(tmp_path, monkeypatch):
+    from dfpubsub.store import sqlite_path
+
+    monkeypatch.chdir(tmp_path)
+    assert sqlite_path("sqlite:///nb.sqlite") == "nb.sqlite"
+    assert sqlite_path("sqlite:///data/nb.sqlite") == "data/nb.sqlite"  # relative, created under ./data
+    assert sqlite_path(f"sqlite:///{tmp_path}/nb.sqlite") == f"{tmp_path}/nb.sqlite"  # four slashes: absolute
+    assert sqlite_path("sqlite:///:memory:") == ":memory:"
+    old = f"sqlite://{tmp_path}/nb.sqlite"  # three slashes before an absolute path: the old reading
+    with pytest.warns(DeprecationWarning, match="sqlite:////"):
+        assert sqlite_path(old) == f"{tmp_path}/nb.sqlite"
+    for bad in ("sqlite://", "sqlite:///", "sqlite:nb.sqlite"):
+        with pytest.raises(ConfigError):
+            sqlite_path(bad)

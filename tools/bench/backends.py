@@ -22,7 +22,7 @@ def bench_store(backend: str, workdir: str, tables: list[str], **options: Any) -
     """
     server = None
     if backend == "sqlite":
-        url = f"sqlite://{workdir}/nb.sqlite"
+        url = f"sqlite:///{workdir}/nb.sqlite"
         store = open_store(url, tables)
     else:
         server = (EtcdServer if backend == "etcd" else RedisServer)(Path(workdir) / backend).start()

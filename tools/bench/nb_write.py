@@ -32,7 +32,7 @@ from dfpubsub.nbapi import NbApi
 from dfpubsub.notify.producer import Notifier
 from dfpubsub.publisher import Publisher
 from dfpubsub.registry import load_driver
-from dfpubsub.store import Store
+from dfpubsub.store import Store, sqlite_path
 from dfpubsub.tools.bench.backends import bench_store
 
 TABLES = ["port"]
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(3):  # interleaved, best of three: the machine is shared and noisy
                     ours.append(nbapi_rate(store, args.writes, args.keys))
                     if backend == "sqlite":
-                        raw.append(raw_sqlite_rate(url[len("sqlite://"):], args.writes, args.keys))
+                        raw.append(raw_sqlite_rate(sqlite_path(url), args.writes, args.keys))
                     elif backend == "redis":
                         raw.append(raw_redis_rate(url, args.writes, args.keys))
                     else:

@@ -70,7 +70,7 @@ def _backend_ratio(store: Store, queues: QueueStore, args: argparse.Namespace) -
 def _queues_url(backend: str, url: str, tmp: str, two_phase: bool) -> str:
     if not two_phase:
         return url
-    return f"sqlite://{tmp}/queues.sqlite" if backend == "sqlite" else url.rsplit("/", 1)[0] + "/1"
+    return f"sqlite:///{tmp}/queues.sqlite" if backend == "sqlite" else url.rsplit("/", 1)[0] + "/1"
 
 
 def write_ratios(args: argparse.Namespace) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def delivery_rate(count: int = 50_000, max_batch: int = 100) -> float:
     try:
         assert hook.stdout is not None and hook.stdout.readline().strip() == "ready"
         with tempfile.TemporaryDirectory(prefix="dfpubsub-notify-bench-") as tmp:
-            queues = open_queues(f"sqlite://{os.path.join(tmp, 'q.sqlite')}")
+            queues = open_queues(f"sqlite:///{os.path.join(tmp, 'q.sqlite')}")
             registry = NotificationRegistry(queues)
             topic = registry.create_topic(Topic("bench", f"http://127.0.0.1:{port}/hook", persistent=True,
                                                 max_entries=count, max_bytes=1 << 30,

@@ -17,7 +17,7 @@ from dfpubsub.factory import create_publisher
 from dfpubsub.nbapi import NbApi, open_store_from_settings
 from dfpubsub.notify.wiring import queues_from_settings
 from dfpubsub.queues import QueueStore
-from dfpubsub.store import Store
+from dfpubsub.store import Store, require_sqlite_file
 
 from .output import Output, fail
 
@@ -49,13 +49,17 @@ class CliState:
         overrides: dict[str, Any] = {"store": {"url": self.store_url}} if self.store_url else {}
         return load_settings(self.config, overrides)
 
-    def open_store(self) -> Store:
-        """The configured store (close it, or use it in ``with``)."""
+    def open_store(self, create: bool = False) -> Store:
+        """The configured store (close it, or use it in ``with``); unless ``create``, a SQLite
+        file must exist already: a command that only reads never leaves an empty one behind."""
+        if not create:
+            require_sqlite_file(self.settings.store.url)
         return open_store_from_settings(self.settings)
 
     def open_api(self, publish: bool) -> NbApi:
-        """NbApi on the configured store; with ``publish``, a publisher on the configured driver."""
-        store = self.open_store()
+        """NbApi on the configured store, created if need be; with ``publish``, a publisher on the
+        configured driver."""
+        store = self.open_store(create=True)
         try:
             return NbApi(store, create_publisher(self.settings, PUBLISHER_NAME) if publish else None)
         except DfPubSubError:
@@ -67,10 +71,14 @@ class CliState:
         settings = self.settings
         if self.queues_url:
             settings = settings.model_copy(update={"notify": settings.notify.model_copy(update={"url": self.queues_url})})
+        require_sqlite_file(settings.notify.url or settings.store.url)
         return queues_from_settings(settings)
 
-    def open_discovery(self) -> Discovery:
-        """The configured discovery table (``discovery.url``, by default the store's URL)."""
+    def open_discovery(self, create: bool = False) -> Discovery:
+        """The configured discovery table (``discovery.url``, by default the store's URL); it
+        must exist unless ``create``."""
+        if not create:
+            require_sqlite_file(self.settings.discovery.url or self.settings.store.url)
         return discovery_from_settings(self.settings)
 
 

@@ -154,13 +154,13 @@ def clean(ctx: typer.Context, yes: Yes = False, publish: Publish = True) -> None
 def init(ctx: typer.Context) -> None:
     """Create what the backend needs (SQLite: the file and schema) and check that it answers."""
     st = state(ctx)
-    with st.open_store() as store:
+    with st.open_store(create=True) as store:
         names = sorted(store.tables)
         if names:
             # A read proves the backend answers; etcd and Redis need nothing created.
             store.get(names[0], "df-db-init-probe")
         doc: dict[str, Any] = {"backend": store.backend, "url": public_url(st.settings.store.url), "tables": names}
-    with st.open_discovery() as discovery:
+    with st.open_discovery(create=True) as discovery:
         doc["discovery"] = discovery.backend
         doc["publishers"] = len(discovery.list())
     st.out.record(doc, {"tables": ", ".join})
