@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
-from tests.functional.df_db_helpers import base_env, ok, refused
+from tests.functional.df_db_helpers import base_env, df_db, ok, refused
 
 
 @pytest.mark.parametrize("args", [("tables",), ("ls", "port"), ("get", "port", "p1"), ("publishers",),
@@ -25,3 +26,14 @@ def test_a_relative_sqlite_url_is_relative_to_the_working_directory(tmp_path, mo
     ok(env, "add", "port", '{"key": "p1", "value": {"mac": "m"}}')
     assert os.path.exists(tmp_path / "nb.sqlite")
     assert ok(env, "get", "port", "p1")["value"] == {"mac": "m"}
+
+
+def test_global_options_work_after_the_command_too(tmp_path):
+    env = base_env(DFPUBSUB_STORE__TABLES='["port"]')
+    url = f"sqlite:///{tmp_path}/nb.sqlite"
+    ok(env, "--store", url, "add", "port", '{"key": "p1", "value": 1}')
+    # ok() puts "-o json" first; here every global option comes after the command instead.
+    out = df_db(env, "tables", "-o", "json", "--store", url)
+    assert out.returncode == 0 and json.loads(out.stdout) == [{"table": "port", "objects": 1}]
+    out = df_db(env, "get", "port", "p1", f"--store={url}", "-ojson")
+    assert out.returncode == 0 and json.loads(out.stdout)["value"] == 1

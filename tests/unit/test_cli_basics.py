@@ -104,3 +104,12 @@ def test_sqlite_urls_read_as_sqlalchemy_does(tmp_path, monkeypatch):
     for bad in ("sqlite://", "sqlite:///", "sqlite:nb.sqlite"):
         with pytest.raises(ConfigError):
             sqlite_path(bad)
+
+
+def test_df_db_global_options_are_hoisted_before_the_command():
+    from dfpubsub.tools.df_db.app import hoist_global_options
+
+    assert hoist_global_options(["tables", "-o", "json"]) == ["-o", "json", "tables"]
+    assert hoist_global_options(["get", "t", "k", "--store=x", "-ojson"]) == ["--store=x", "-ojson", "get", "t", "k"]
+    assert hoist_global_options(["add", "t", "--", "-o", "x"]) == ["add", "t", "--", "-o", "x"]
+    assert hoist_global_options(["rm", "t", "k", "--yes"]) == ["rm", "t", "k", "--yes"]

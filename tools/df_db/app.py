@@ -63,10 +63,40 @@ def _one_line(exc: BaseException) -> str:
     return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
 
 
+#: The global options that take a value, in every spelling; kubectl-style, they may follow the command.
+_GLOBAL_WITH_VALUE = {"--config", "--store", "--queues", "--format", "-o"}
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """``args`` with the global options moved before the command (``df-db tables -o json`` reads
+    as ``df-db -o json tables``). No command has options of these names, so none is taken from
+    a command; everything after ``--`` stays where it is."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        name = arg.split("=", 1)[0]
+        if name in _GLOBAL_WITH_VALUE:
+            takes_next = "=" not in arg and i + 1 < len(args)
+            front.extend(args[i:i + 2] if takes_next else [arg])
+            i += 2 if takes_next else 1
+            continue
+        if len(arg) > 2 and arg.startswith("-o") and not arg.startswith("--"):  # -ojson
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-db``; typer itself exits (SystemExit) when a command ends normally."""
     try:
-        app(args=argv, prog_name="df-db")
+        app(args=hoist_global_options(sys.argv[1:] if argv is None else argv), prog_name="df-db")
     except ConfigError as exc:
         print(f"df-db: {_one_line(exc)}", file=sys.stderr)
         return 2
