@@ -69,7 +69,7 @@ def test_queue_and_notification_commands(queues):
         {"queue": "orders.1", "reservations": 1, "reserved_bytes": 500}]
     owners = ok(env, "queues", "owners")
     assert [(o["queue"], o["owner"]) for o in owners] == [("orders", None), ("orders.1", "worker-a")]
-    assert owners[1]["until"] > time.time() and 0 < owners[1]["left"] <= 120
+    assert owners[1]["owner_until"] > time.time() and 0 < owners[1]["owner_left"] <= 120
 
     dump = ok(env, "queues", "dump", "orders")
     assert dump["queue"] == "orders" and dump["more"] is False

@@ -60,6 +60,11 @@ def _read_stats(ctx: typer.Context, queues: list[str] | None) -> list[dict[str, 
         return [{"queue": name, **store.stats(name)._asdict(), "now": now} for name in names]
 
 
+#: The owner's columns, named alike in ``stats`` and ``owners``.
+_OWNER_COLUMNS = [Column("owner", "owner", lambda o: o or "-"), Column("owner until", "owner_until", when),
+                  Column("lease left", "owner_left", duration, "right")]
+
+
 @app.command()
 def stats(ctx: typer.Context, queues: Queues = None) -> None:
     """Entries, bytes and live reservations of each queue against its limits, and its owner."""
@@ -71,7 +76,7 @@ def stats(ctx: typer.Context, queues: Queues = None) -> None:
         Column("bytes", "bytes", justify="right"), Column("reservations", "reservations", justify="right"),
         Column("reserved bytes", "reserved_bytes", justify="right"),
         Column("max bytes", "max_bytes", justify="right"), Column("max entries", "max_entries", justify="right"),
-        Column("owner", "owner", lambda o: o or "-"), Column("lease left", "owner_left", duration, "right"),
+        *_OWNER_COLUMNS,
     ])
 
 
@@ -87,10 +92,9 @@ def reservations(ctx: typer.Context, queues: Queues = None) -> None:
 @app.command()
 def owners(ctx: typer.Context, queues: Queues = None) -> None:
     """Which worker owns (delivers) each queue, and until when; null: nobody now."""
-    rows = [{"queue": r["queue"], "owner": r["owner"], "until": r["owner_until"],
-             "left": _left(r["owner_until"], r["now"])} for r in _read_stats(ctx, queues)]
-    state(ctx).out.rows(rows, [Column("queue", "queue"), Column("owner", "owner", lambda o: o or "-"),
-                               Column("until", "until", when), Column("left", "left", duration, "right")])
+    rows = [{"queue": r["queue"], "owner": r["owner"], "owner_until": r["owner_until"],
+             "owner_left": _left(r["owner_until"], r["now"])} for r in _read_stats(ctx, queues)]
+    state(ctx).out.rows(rows, [Column("queue", "queue"), *_OWNER_COLUMNS])
 
 
 @app.command()
