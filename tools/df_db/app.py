@@ -16,7 +16,7 @@ import typer
 from dfpubsub import __version__
 from dfpubsub.errors import ConfigError, DfPubSubError
 
-from . import notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
+from . import admin_cmds, notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
 from .context import CliState, Format
 
 __all__ = ["app", "main"]
@@ -33,6 +33,8 @@ app.add_typer(pubsub_cmds.app)
 app.add_typer(watch.app)
 app.add_typer(queue_cmds.app, name="queues", help="The persistent notification queues (shards of persistent topics).")
 app.add_typer(notify_cmds.app)
+app.add_typer(admin_cmds.topic_app, name="topic")
+app.add_typer(admin_cmds.config_app, name="notification")
 
 
 def _print_version(value: bool) -> None:

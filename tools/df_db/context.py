@@ -66,12 +66,14 @@ class CliState:
             store.close()
             raise
 
-    def open_queues(self) -> QueueStore:
-        """The notification queues: ``--queues`` over ``notify.url`` (default: the store's URL)."""
+    def open_queues(self, create: bool = False) -> QueueStore:
+        """The notification queues: ``--queues`` over ``notify.url`` (default: the store's URL);
+        they must exist unless ``create``."""
         settings = self.settings
         if self.queues_url:
             settings = settings.model_copy(update={"notify": settings.notify.model_copy(update={"url": self.queues_url})})
-        require_sqlite_file(settings.notify.url or settings.store.url)
+        if not create:
+            require_sqlite_file(settings.notify.url or settings.store.url)
         return queues_from_settings(settings)
 
     def open_discovery(self, create: bool = False) -> Discovery:
