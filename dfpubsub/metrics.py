@@ -10,6 +10,10 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import Metric
 
 __all__ = ["COUNTERS", "GAUGES", "ROLE_COUNTERS", "Stats", "register_collector", "start_metrics_server"]
 
@@ -106,7 +110,7 @@ class _Collector:
     than exported as ``reason=""``.
     """
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator["Metric"]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         live = list(_live)

@@ -137,13 +137,12 @@ class Relay:
             self.stats.inc("decode_errors", reason=exc.reason)
             self._log.warning("decode", "dropped an undecodable frame from a worker", reason=exc.reason)
             return False
-        kind = type(env)
-        expected = env.topic if kind is EventBatch else CONTROL_TOPIC
+        expected = env.topic if isinstance(env, EventBatch) else CONTROL_TOPIC
         if topic != expected:
             self.stats.inc("drops", reason="topic_mismatch")
             return False
         worker = self._workers.get(env.publisher_id)
-        if kind is Bye:
+        if isinstance(env, Bye):
             self._workers.pop(env.publisher_id, None)
             return True
         if worker is None:
@@ -152,11 +151,10 @@ class Relay:
             )
             self.stats.inc("workers_seen")
         worker.last_seen = now
-        if kind is EventBatch:
+        if isinstance(env, EventBatch):
             worker.seqs[topic] = env.seq + env.count - 1
             self._topics[topic] = self._topics.get(topic, 0) + 1
-        elif kind is Hello:
-            assert isinstance(env, Hello)
+        elif isinstance(env, Hello):
             worker.host = env.host
             if env.max_idle_time > 0:
                 worker.max_idle = env.max_idle_time

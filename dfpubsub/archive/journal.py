@@ -79,5 +79,5 @@ def read_journal(path: str) -> Iterator[Row]:
             row = msgpack.unpackb(payload)
         except (ValueError, msgpack.UnpackException):
             return
-        yield tuple(row)  # type: ignore[misc]
+        yield tuple(row)
         pos = start + size

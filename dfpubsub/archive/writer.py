@@ -79,11 +79,12 @@ class SegmentWriter:
         self._reset()
         try:
             os.makedirs(self._journal_dir, exist_ok=True)
-            self._lock_fd = _try_lock(self._journal_dir)
+            lock_fd = _try_lock(self._journal_dir)
         except OSError as exc:
             raise ArchiveError(f"cannot create the event log at {self.root}: {exc}") from exc
-        if self._lock_fd is None:  # a fresh random name: only a broken file system gets here
+        if lock_fd is None:  # a fresh random name: only a broken file system gets here
             raise ArchiveError(f"cannot lock {self._journal_dir}")
+        self._lock_fd: int = lock_fd
 
     def _reset(self) -> None:
         self._segment = ""

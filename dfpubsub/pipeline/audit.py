@@ -35,7 +35,7 @@ from .logread import list_segments, read_segments
 from .report import plot_png, render_text
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
 __all__ = ["AuditResult", "PERCENTILES", "audit"]
 
@@ -137,14 +137,21 @@ def audit(
     return AuditResult(summary, base, time.monotonic() - started)
 
 
+def _one(df: "DataFrame") -> "Row":
+    """The row of an aggregate over a whole frame: there is exactly one, even over no rows."""
+    row = df.first()
+    assert row is not None
+    return row
+
+
 def _summarise(t: dict[str, "DataFrame"], segments: int, bucket: float, top: int) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    streams = t["streams"].agg(F.count(F.lit(1)).alias("streams"), F.countDistinct("publisher_id").alias("publishers"),
-                               F.sum("events").alias("events"), F.sum("distinct_events").alias("distinct")).first()
-    gaps = t["gaps"].agg(F.count(F.lit(1)).alias("n"), F.sum("missing").alias("missing")).first()
-    dups = t["duplicates"].agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("extra")).first()
-    peak = t["rates"].agg(F.max("events_per_s").alias("peak")).first()
+    streams = _one(t["streams"].agg(F.count(F.lit(1)).alias("streams"), F.countDistinct("publisher_id").alias("publishers"),
+                               F.sum("events").alias("events"), F.sum("distinct_events").alias("distinct")))
+    gaps = _one(t["gaps"].agg(F.count(F.lit(1)).alias("n"), F.sum("missing").alias("missing")))
+    dups = _one(t["duplicates"].agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("extra")))
+    peak = _one(t["rates"].agg(F.max("events_per_s").alias("peak")))
 
     def rows(df: "DataFrame", order: list[Any]) -> list[dict[str, Any]]:
         return [r.asDict() for r in df.orderBy(*order).limit(top).collect()]

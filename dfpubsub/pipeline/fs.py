@@ -21,10 +21,10 @@ class HadoopFs:
     """The Hadoop FileSystem of ``root`` in ``spark``'s JVM."""
 
     def __init__(self, spark: "SparkSession", root: str):
-        jvm: Any = spark._jvm  # type: ignore[attr-defined]
+        jvm: Any = spark._jvm
         self._Path = jvm.org.apache.hadoop.fs.Path
         try:
-            self._fs = self._Path(root).getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+            self._fs = self._Path(root).getFileSystem(spark._jsc.hadoopConfiguration())
         except Exception as exc:  # py4j wraps every Java exception in its own type
             raise PipelineError(f"cannot open the file system of {root}: {exc}") from exc
 
