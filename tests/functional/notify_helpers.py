@@ -1,8 +1,6 @@
 """Queues, topics and a running delivery worker for the notification tests."""
 
 import itertools
-import socket
-import threading
 
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
@@ -74,32 +72,3 @@ def enqueue_raw(queues, shard, data):
     """What a broken or foreign writer may leave: bytes that are no notification."""
     return queues.commit(shard, queues.reserve(shard, len(data)), data)
 
-
-class HungEndpoint:
-    """A loopback TCP server that accepts connections and never answers (a hung webhook)."""
-
-    def __init__(self):
-        self._sock = socket.create_server(("127.0.0.1", 0), backlog=512)
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/hook"
-        self.accepted: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            self.accepted.append(conn)
-
-    def close(self):
-        self._sock.close()
-        for conn in self.accepted:
-            conn.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

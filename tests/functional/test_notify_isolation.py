@@ -4,10 +4,9 @@ import time
 
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
-from dfpubsub.tools.webhook import WebhookReceiver
+from dfpubsub.tools.webhook import HungWebhook, WebhookReceiver
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import (
-    HungEndpoint,
     delivered_keys,
     delivery,
     enqueue,
@@ -19,7 +18,7 @@ from tests.functional.notify_helpers import (
 def test_hung_endpoints_do_not_delay_a_healthy_topic(tmp_path):
     queues = open_queues(f"sqlite://{tmp_path}/queues.sqlite")
     registry = NotificationRegistry(queues)
-    hung = [HungEndpoint() for _ in range(3)]
+    hung = [HungWebhook() for _ in range(3)]
     try:
         with WebhookReceiver() as webhook:
             for n, h in enumerate(hung):
@@ -50,7 +49,7 @@ def test_hung_endpoints_do_not_delay_a_healthy_topic(tmp_path):
 def test_a_topic_sets_its_own_read_timeout_and_in_flight_slots(tmp_path):
     queues = open_queues(f"sqlite://{tmp_path}/queues.sqlite")
     registry = NotificationRegistry(queues)
-    with HungEndpoint() as hung:
+    with HungWebhook() as hung:
         topic = make_topic(registry, "slow", hung.url, shards=3, max_retries=1,
                            endpoint_options={"read_timeout": "0.3", "connect_timeout": "1", "max_inflight": "1"})
         for i in range(6):
