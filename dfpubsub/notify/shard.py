@@ -10,10 +10,12 @@ queued, so a worker killed at any step loses nothing (the next owner lists it
 again, at least once).
 
 Retry counts are kept with the shard (a ``notify-attempts`` record naming the
-markers tried and how many attempts failed), so a takeover goes on with the
-budget of ``max_retries`` where the previous owner left it. The record is
-written only when an attempt fails and read once per owner, so a healthy
-shard pays nothing for it.
+queue's creation time, the markers tried and how many attempts failed), so a
+takeover goes on with the budget of ``max_retries`` where the previous owner
+left it; a record of an earlier queue of the same name (its topic deleted and
+made again: markers start over) does not apply. The record is written only
+when an attempt fails and read once per owner, so a healthy shard pays nothing
+for it.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class ShardRound:
         self.leased = leased
         self._log = rate_log
         self._attempts: dict[str, Any] | None = None  # the stored retry count, as last read or written
-        self._attempts_read = False
+        self._created: float | None = None  # the queue's creation time, once read
 
     async def _queue(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, self.name, *args)
@@ -188,20 +190,20 @@ class ShardRound:
 
     async def _stored_attempts(self, items: list[_Item]) -> int:
         """Failed attempts already spent on the head of ``items`` (by this owner or an earlier one)."""
-        if not self._attempts_read:
+        if self._created is None:
+            self._created = (await self._queue(self.queues.queue_info)).created_at
             blob = await asyncio.to_thread(self.queues.get_record, ATTEMPTS_KIND, self.name)
             self._attempts = _parse_attempts(blob)
-            self._attempts_read = True
         stored = self._attempts
         if stored is None:
             return 0
-        if stored["first"] <= items[0][0].marker <= stored["last"]:
+        if stored["queue"] == self._created and stored["first"] <= items[0][0].marker <= stored["last"]:
             return stored["attempts"]
         await self._clear_attempts()  # about entries handled since
         return 0
 
     async def _store_attempts(self, pending: list[_Item], attempts: int) -> None:
-        record = {"first": pending[0][0].marker, "last": pending[-1][0].marker, "attempts": attempts}
+        record = {"queue": self._created, "first": pending[0][0].marker, "last": pending[-1][0].marker, "attempts": attempts}
         await asyncio.to_thread(self.queues.put_record, ATTEMPTS_KIND, self.name, json.dumps(record).encode())
         self._attempts = record
 
@@ -218,7 +220,9 @@ def _parse_attempts(blob: bytes | None) -> dict[str, Any] | None:
         record = json.loads(blob)
     except (ValueError, UnicodeDecodeError):
         return None
-    if (isinstance(record, dict) and isinstance(record.get("first"), str) and isinstance(record.get("last"), str)
-            and isinstance(record.get("attempts"), int) and not isinstance(record["attempts"], bool)):
-        return record
-    return None
+    if not isinstance(record, dict) or not isinstance(record.get("queue"), (int, float)):
+        return None
+    if not isinstance(record.get("first"), str) or not isinstance(record.get("last"), str):
+        return None
+    attempts = record.get("attempts")
+    return record if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 0 else None

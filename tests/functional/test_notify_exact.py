@@ -111,3 +111,25 @@ def test_retry_counts_survive_a_takeover(queues):
         assert len(queues.list_dead_letters("budget")) == 3
     finally:
         second.stop()
+
+
+@pytest.mark.parametrize("record", [
+    b'{"queue": 1.0, "first": "00000000000000000001", "last": "00000000000000000009", "attempts": 100}',
+    b"\xff not json",
+    b'{"queue": "x", "first": 1, "attempts": true}',
+])
+def test_a_retry_record_of_another_queue_or_a_foreign_one_does_not_apply(queues, record):
+    """A topic deleted and made again numbers its entries from 1: the old count is not theirs."""
+    from dfpubsub.notify.shard import ATTEMPTS_KIND
+
+    registry = NotificationRegistry(queues)
+    topic = make_topic(registry, "again", f"http://127.0.0.1:{free_port()}/hook", shards=1, max_retries=2)
+    queues.put_record(ATTEMPTS_KIND, "again", record)
+    enqueue(queues, topic, "port", "p", "create", 1)
+    worker = delivery(queues)
+    try:
+        wait_drained(registry, "again")
+        assert worker.worker.topic_stats("again").get("retries") == 2
+        wait_for(lambda: queues.get_record(ATTEMPTS_KIND, "again") is None, what="the handled count to go")
+    finally:
+        worker.stop()
