@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 
 from dfpubsub.errors import InvalidValue, QueueFull, QueueNotFound, ReservationNotFound
-from dfpubsub.queues import QueueStats, open_queues
+from dfpubsub.queues import QueueEntry, QueueStats, open_queues
+from dfpubsub.queues.api import marker as marker_of
 
 _prefix = itertools.count()
 END = "9" * 20  # a marker after every entry
@@ -445,6 +446,20 @@ class QueueMachine(RuleBasedStateMachine):
         gone = [e for e in self.entries if e[0] <= upto]
         assert self.q.remove(self.name, upto) == len(gone)
         self.entries = self.entries[len(gone):]
+
+    @rule(picks=st.lists(st.integers(0, 7), max_size=4), aside=st.booleans())
+    def remove_exactly(self, picks, aside):
+        """Remove (or set aside) some entries wherever they are; a pick past the end is one already gone."""
+        chosen = {self.entries[k] for k in picks if k < len(self.entries)}
+        stale = [(marker_of(len(self.entries) + k + 1000), b"") for k in picks if k >= len(self.entries)]
+        if aside:
+            listed = [QueueEntry(m, d, 0.0) for m, d in [*chosen, *stale]]
+            assert self.q.set_aside(self.name, listed, "why") == len(chosen)
+            letters = {d.marker: d.data for d in self.q.list_dead_letters(self.name, max=1000)}
+            assert all(letters.get(m) == d for m, d in chosen)
+        else:
+            assert self.q.remove_markers(self.name, [m for m, _ in [*chosen, *stale]]) == len(chosen)
+        self.entries = [e for e in self.entries if e not in chosen]
 
     @rule(dt=st.sampled_from([0.5, 1.0, 5.0, 9.5, 10.0, 20.0]))
     def tick(self, dt):
