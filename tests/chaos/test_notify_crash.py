@@ -24,13 +24,29 @@ EXPECTED = {(f"{p}{i}", i + 1) for p in "ab" for i in range(5)}
 
 
 @pytest.fixture(params=["sqlite", "redis"])
-def queues_url(request, tmp_path):
+def backend(request, tmp_path):
+    """(queues, url, key prefix) of a fresh queue backend, and the df-notify processes started on it
+    (killed at the end)."""
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/queues.sqlite"
-    return request.getfixturevalue("shared_redis").url
+        url, options = f"sqlite://{tmp_path}/queues.sqlite", {}
+    else:
+        url, options = request.getfixturevalue("shared_redis").url, {"prefix": f"crash-{tmp_path.name[-16:]}"}
+    queues = open_queues(url, **options)
+    started = []
+
+    def df_notify(worker_id, crash_at="", batch_size=4):
+        started.append(_df_notify(url, options.get("prefix", "dfpubsub"), worker_id, crash_at, batch_size))
+        return started[-1]
+
+    yield queues, df_notify
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    queues.close()
 
 
-def _df_notify(url, prefix, worker_id, crash_at="", batch_size=4):
+def _df_notify(url, prefix, worker_id, crash_at, batch_size):
     exe = shutil.which("df-notify", path=os.path.dirname(sys.executable))
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     if crash_at:
@@ -61,44 +77,25 @@ def _assert_nothing_lost(queues, registry, webhook, bad):
 
 @pytest.mark.parametrize("crash_at", ["notify.after_send@1", "notify.after_send@2", "notify.after_send@3",
                                       "notify.after_set_aside@1"])
-def test_kill_9_at_every_step_of_a_batch_loses_nothing(queues_url, tmp_path, crash_at):
-    prefix = f"crash-{tmp_path.name[-16:]}"
-    queues = open_queues(queues_url, prefix=prefix) if "redis" in queues_url else open_queues(queues_url)
-    first = second = None
+def test_kill_9_at_every_step_of_a_batch_loses_nothing(backend, crash_at):
+    queues, df_notify = backend
     with WebhookReceiver() as webhook:
-        try:
-            registry, bad = _fill(queues, webhook.url)
-            first = _df_notify(queues_url, prefix, "a", crash_at)
-            assert first.wait(30) == -signal.SIGKILL, "df-notify did not reach the fault point"
-            second = _df_notify(queues_url, prefix, "b")
-            _assert_nothing_lost(queues, registry, webhook, bad)
-        finally:
-            for p in (first, second):
-                if p is not None and p.poll() is None:
-                    p.kill()
-                    p.wait(10)
-            queues.close()
-
-
-def test_kill_9_after_setting_aside_an_undecodable_entry_while_the_endpoint_is_down(queues_url, tmp_path):
-    """The issue's case: 5 of 10 arrived, as the valid entries ahead of the bad one went with it."""
-    prefix = f"down-{tmp_path.name[-16:]}"
-    queues = open_queues(queues_url, prefix=prefix) if "redis" in queues_url else open_queues(queues_url)
-    webhook = WebhookReceiver()  # down
-    first = second = None
-    try:
         registry, bad = _fill(queues, webhook.url)
-        first = _df_notify(queues_url, prefix, "a", batch_size=100)
-        wait_for(lambda: queues.list_dead_letters("crash"), timeout=20, what="the undecodable entry set aside")
-        first.kill()
-        first.wait(10)
-        webhook.start()
-        second = _df_notify(queues_url, prefix, "b")
+        # Batches of 4: a0-a3, then a4, the bad entry (set aside), b0, b1, then b2-b4.
+        assert df_notify("a", crash_at).wait(30) == -signal.SIGKILL, "df-notify did not reach the fault point"
+        df_notify("b")
         _assert_nothing_lost(queues, registry, webhook, bad)
-    finally:
-        for p in (first, second):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait(10)
-        webhook.stop()
-        queues.close()
+
+
+def test_kill_9_after_setting_aside_an_undecodable_entry_while_the_endpoint_is_down(backend):
+    """The issue's case: 5 of 10 arrived, as the valid entries ahead of the bad one went with it."""
+    queues, df_notify = backend
+    webhook = WebhookReceiver()  # down
+    registry, bad = _fill(queues, webhook.url)
+    first = df_notify("a", batch_size=100)
+    wait_for(lambda: queues.list_dead_letters("crash"), timeout=20, what="the undecodable entry set aside")
+    first.kill()
+    first.wait(10)
+    with webhook:
+        df_notify("b")
+        _assert_nothing_lost(queues, registry, webhook, bad)

@@ -2,6 +2,8 @@
 
 import itertools
 
+import pytest
+
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
 from dfpubsub.notify.notification import encode, make_notification
@@ -22,6 +24,16 @@ def open_backend(kind, tmp_path, shared_redis=None, shared_etcd=None):
     if kind == "redis":
         return open_queues(f"redis://127.0.0.1:{shared_redis.port}/0", prefix=prefix)
     return open_queues(f"etcd://127.0.0.1:{shared_etcd.port}", prefix=prefix)
+
+
+@pytest.fixture(params=["sqlite", "redis", "etcd"])
+def queues(request, tmp_path):
+    """Queues on each backend (a fixture: import it into a test module to use it)."""
+    extra = {"redis": "shared_redis", "etcd": "shared_etcd"}.get(request.param)
+    server = request.getfixturevalue(extra) if extra else None
+    q = open_backend(request.param, tmp_path, shared_redis=server, shared_etcd=server)
+    yield q
+    q.close()
 
 
 def make_topic(registry, name, url, **attrs):

@@ -15,21 +15,12 @@ from tests.functional.notify_helpers import (
     enqueue,
     enqueue_raw,
     make_topic,
-    open_backend,
+    queues,  # noqa: F401 - the fixture
     owns_all,
     pending,
     reopen,
     wait_drained,
 )
-
-
-@pytest.fixture(params=["sqlite", "redis", "etcd"])
-def queues(request, tmp_path):
-    extra = {"redis": "shared_redis", "etcd": "shared_etcd"}.get(request.param)
-    server = request.getfixturevalue(extra) if extra else None
-    q = open_backend(request.param, tmp_path, shared_redis=server, shared_etcd=server)
-    yield q
-    q.close()
 
 
 def test_an_undecodable_entry_takes_only_itself_to_the_dead_letters(queues):
