@@ -64,3 +64,34 @@ def test_the_backend_killed_and_restarted_mid_batch_everything_is_delivered(back
     finally:
         worker.stop()
         queues.close()
+
+
+def test_a_shard_that_keeps_failing_is_released_for_another_worker(tmp_path, webhook):
+    queues = open_queues(f"sqlite://{tmp_path}/queues.sqlite")
+    registry = NotificationRegistry(queues)
+    topic = make_topic(registry, "stuck", webhook.url, shards=1)
+    first = delivery(queues, worker_id="w1")
+    second = None
+    try:
+        wait_for(lambda: (queues.owner("stuck") or ("",))[0] == "w1", what="w1 to own the shard")
+        second = delivery(queues, worker_id="w2")
+
+        def bug():
+            raise RuntimeError("a bug after every send")
+
+        faults.arm("notify.after_send", bug, times=10_000)
+        for i in range(20):
+            enqueue(queues, topic, "port", f"p{i}", "create", i + 1)
+        # w1 fails round after round for longer than a lease (1 s), then lets the shard go.
+        wait_for(lambda: (queues.owner("stuck") or ("",))[0] == "w2", timeout=20, what="w2 to take the shard over")
+        assert first.worker.topic_stats("stuck").get("shard_failures") >= 2
+        assert "stuck" not in first.worker.owned()
+        faults.disarm("notify.after_send")
+        wait_drained(registry, "stuck")
+        assert set(delivered_keys(webhook)) == {(f"p{i}", i + 1) for i in range(20)}
+    finally:
+        faults.disarm("notify.after_send")
+        first.stop()
+        if second is not None:
+            second.stop()
+        queues.close()
