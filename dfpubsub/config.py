@@ -149,6 +149,8 @@ class NotifySettings(_Section):
     poll_interval: float = Field(0.2, gt=0, description="df-notify: seconds an empty shard waits before listing again.")
     batch_size: int = Field(100, ge=1, description="df-notify: entries listed and delivered per round.")
     max_inflight: int = Field(64, ge=1, description="df-notify: endpoint sends in flight at once, all topics.")
+    endpoint_inflight: int = Field(8, ge=1, description="df-notify: sends in flight at once per topic's endpoint "
+                                                       "(a topic's max_inflight endpoint option overrides it).")
     bridge: bool = Field(False, description="df-notify: enqueue events arriving over pub/sub (writers not on NbApi).")
     worker_id: str = Field("", description="df-notify: lease owner name (default: host:pid).")
 

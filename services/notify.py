@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         queues = queues_from_settings(settings)
         registry = registry_from_settings(settings, queues)
         worker = DeliveryWorker(queues, registry, DeliveryOptions(
-            worker_id, n.renew_interval, n.lease, n.poll_interval, n.batch_size, n.max_inflight))
+            worker_id, renew_interval=n.renew_interval, lease=n.lease, poll_interval=n.poll_interval,
+            batch_size=n.batch_size, max_inflight=n.max_inflight, endpoint_inflight=n.endpoint_inflight))
     except DfPubSubError as exc:
         log.error("cannot start", extra={"error": str(exc)})
         return 1

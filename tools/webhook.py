@@ -1,23 +1,26 @@
 """A local webhook that receives notifications, for the demo, tests and benchmarks.
 
 It runs an aiohttp server on its own thread and event loop, records every S3
-record or CloudEvent it is sent, answers ``status`` (set it to 503 to play a
-broken endpoint), and can be stopped and started again on the same port to
-play an endpoint that is down for a while.
+record or CloudEvent it is sent (and when: ``arrivals``), answers ``status``
+(set it to 503 to play a broken endpoint), and can be stopped and started
+again on the same port to play an endpoint that is down for a while.
+:class:`HungWebhook` plays a hung one: it accepts connections and never answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
+import time
 from typing import Any
 
 from aiohttp import web
 
 from dfpubsub.tools.servers import free_port
 
-__all__ = ["WebhookReceiver"]
+__all__ = ["WebhookReceiver", "HungWebhook"]
 
 
 class WebhookReceiver:
@@ -30,6 +33,7 @@ class WebhookReceiver:
         self.status = 200
         self.requests = 0
         self._records: list[dict[str, Any]] = []
+        self._arrivals: list[float] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -40,6 +44,12 @@ class WebhookReceiver:
         """What was received and acknowledged, in arrival order (S3 records or CloudEvents)."""
         with self._lock:
             return list(self._records)
+
+    @property
+    def arrivals(self) -> list[tuple[float, dict[str, Any]]]:
+        """``(time.time() on arrival, record)`` of every record in :attr:`records`."""
+        with self._lock:
+            return list(zip(self._arrivals, self._records))
 
     async def _hook(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -53,8 +63,10 @@ class WebhookReceiver:
             doc = json.loads(body)
             items = doc["Records"] if isinstance(doc, dict) and "Records" in doc else doc
             items = items if isinstance(items, list) else [items]
+        now = time.time()
         with self._lock:
             self._records.extend(items)
+            self._arrivals.extend([now] * len(items))
         return web.Response(status=self.status)
 
     def start(self) -> "WebhookReceiver":
@@ -99,6 +111,38 @@ class WebhookReceiver:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class HungWebhook:
+    """``url`` accepts connections on loopback and never answers (a hung webhook); ``accepted``
+    holds the connections, open until :meth:`close`."""
+
+    def __init__(self, path: str = "/hook"):
+        self._sock = socket.create_server(("127.0.0.1", 0), backlog=512)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}{path}"
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, name="hung-webhook", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            self.accepted.append(conn)
+
+    def close(self) -> None:
+        """Stop accepting and drop the connections held."""
+        self._sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+    def __enter__(self) -> "HungWebhook":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,7 +132,7 @@ class Endpoint(abc.ABC):
     """
 
     #: Options every endpoint accepts, in addition to its own ``OPTIONS``.
-    COMMON_OPTIONS: ClassVar[frozenset[str]] = frozenset({"max_batch", "timeout", "region"})
+    COMMON_OPTIONS: ClassVar[frozenset[str]] = frozenset({"max_batch", "timeout", "region", "max_inflight"})
     OPTIONS: ClassVar[frozenset[str]] = frozenset()
     #: Option prefixes an implementation accepts (``header.`` for HTTP headers).
     OPTION_PREFIXES: ClassVar[tuple[str, ...]] = ()
@@ -141,6 +141,8 @@ class Endpoint(abc.ABC):
 
     #: How many notifications one :meth:`send` carries at most (longer batches are split, in order).
     max_batch: int
+    #: Sends in flight at once to this endpoint (its topic's slots in df-notify); 0: the worker's default.
+    max_inflight: int
 
     def __init__(self, url: str, format: str = "s3", options: Mapping[str, str] | None = None):
         if format not in FORMATS:
@@ -150,6 +152,7 @@ class Endpoint(abc.ABC):
         self.options = Options(url, options or {}, self.COMMON_OPTIONS | self.OPTIONS, self.OPTION_PREFIXES)
         self.max_batch = self.options.get_int("max_batch", self.DEFAULT_MAX_BATCH)
         self.timeout = self.options.get_float("timeout", self.DEFAULT_TIMEOUT)
+        self.max_inflight = self.options.get_int("max_inflight", 0)
         self.region = self.options.get_str("region", "")
 
     @property

@@ -50,11 +50,13 @@ class HttpEndpoint(Endpoint):
     Options: ``mode`` (cloudevents only: batch, structured, binary),
     ``verify_ssl`` (default true), ``ca_file`` (PEM bundle to verify with),
     ``connections`` (pool size, default 8), ``timeout`` (seconds per request,
-    default 10), ``max_batch`` (default 100; 1 in structured and binary mode),
+    default 10), ``connect_timeout`` (seconds to connect) and ``read_timeout``
+    (seconds waiting for the next bytes of the answer), both bounded by
+    ``timeout``, ``max_batch`` (default 100; 1 in structured and binary mode),
     ``header.<Name>`` (extra request header).
     """
 
-    OPTIONS = frozenset({"mode", "verify_ssl", "ca_file", "connections"})
+    OPTIONS = frozenset({"mode", "verify_ssl", "ca_file", "connections", "connect_timeout", "read_timeout"})
     OPTION_PREFIXES = ("header.",)
 
     def __init__(self, url: str, format: str = "s3", options: Mapping[str, str] | None = None):
@@ -69,6 +71,8 @@ class HttpEndpoint(Endpoint):
         self.ca_file = self.options.get_str("ca_file", "")
         self.connections = self.options.get_int("connections", 8)
         self.headers = self.options.prefixed("header.")
+        self.connect_timeout = self.options.get_float("connect_timeout", self.timeout)
+        self.read_timeout = self.options.get_float("read_timeout", self.timeout)
         self._ssl: ssl.SSLContext | bool = True
         if parts.scheme == "https":
             try:
@@ -82,7 +86,8 @@ class HttpEndpoint(Endpoint):
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connections, ssl=self._ssl),
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.connect_timeout,
+                                              sock_read=self.read_timeout),
                 headers=self.headers,
             )
         return self._session

@@ -7,14 +7,22 @@ seconds without renewal; Ceph's 30 s / 90 s by default). Only the owner
 lists, delivers and removes.
 
 Each owned shard has one task, which keeps per-key order (all events of a key
-hash to one shard): it lists the head of the queue, sends it to the topic's
-endpoint in batches, and removes entries only once the endpoint acknowledged
-them (at least once: a crash after the ack and before the removal sends them
-again). Failures are retried with tenacity every ``retry_sleep`` seconds; an
-entry past the topic's ``time_to_live`` or ``max_retries``, refused for good
-by the endpoint, or undecodable goes to the dead-letter record with the
-reason, never into the void. A dead endpoint blocks only its own topic's
-shards; sends in flight across all topics are bounded by ``max_inflight``.
+hash to one shard) and runs rounds of :class:`~dfpubsub.notify.shard.ShardRound`:
+list the head, set aside what cannot be delivered, send the rest, remove
+exactly what was delivered (at least once: a crash after the ack and before
+the removal sends them again).
+
+**Supervision.** A round that fails unexpectedly (the queue backend is down,
+a bug) is logged with the shard and tried again with a growing pause; a shard
+that keeps failing for longer than a ``lease`` is given up: its lease is
+released at once, so another worker can take it, and this worker does not
+take it back before its next walk. A shard's task never ends silently while
+its lease is renewed.
+
+**Isolation.** A send takes one of its topic's in-flight slots
+(``endpoint_inflight``, or the topic's ``max_inflight`` endpoint option)
+before one of the worker's (``max_inflight``): a hung endpoint holds only its
+own slots, and the other topics keep theirs.
 
 Queue calls are blocking (SQLite, Redis, etcd clients) and run in worker
 threads; endpoints are asyncio.
@@ -26,25 +34,20 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_never, wait_fixed
-
 from ..endpoints import Endpoint, open_endpoint
-from ..errors import DfPubSubError, EndpointError, EndpointRejected, NotificationDecodeError
+from ..errors import DfPubSubError, EndpointRejected
 from ..logs import RateLimitedLog
 from ..metrics import Stats
-from ..queues import QueueEntry, QueueStore
-from .notification import Notification, decode
+from ..queues import QueueStore
 from .registry import NotificationRegistry
+from .shard import ShardRound, Slots
 from .topics import Topic
 
 __all__ = ["DeliveryOptions", "DeliveryWorker", "DeliveryThread"]
 
 log = logging.getLogger(__name__)
-
-_Item = tuple[QueueEntry, Notification]
 
 
 @dataclass(slots=True)
@@ -57,6 +60,7 @@ class DeliveryOptions:
     poll_interval: float = 0.2
     batch_size: int = 100
     max_inflight: int = 64
+    endpoint_inflight: int = 8
 
 
 class _Shard:
@@ -70,6 +74,16 @@ class _Shard:
         self.until = until
 
 
+class _Link:
+    """A topic's endpoint and its in-flight slots."""
+
+    __slots__ = ("endpoint", "slots")
+
+    def __init__(self, endpoint: Endpoint | None, slots: Slots):
+        self.endpoint = endpoint
+        self.slots = slots
+
+
 class DeliveryWorker:
     """Owns shards through leases and delivers their entries. Run :meth:`run` in an event loop."""
 
@@ -81,8 +95,9 @@ class DeliveryWorker:
         self.options = options
         self.stats: dict[str, Stats] = {}
         self._shards: dict[str, _Shard] = {}
-        self._endpoints: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], Endpoint] = {}
+        self._links: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], _Link] = {}
         self._inflight = asyncio.Semaphore(options.max_inflight)
+        self._benched: dict[str, float] = {}  # shards given up: not taken back before (monotonic)
         self._log = RateLimitedLog(log, interval=5.0)
 
     def owned(self) -> dict[str, str]:
@@ -118,14 +133,23 @@ class DeliveryWorker:
         wanted = {shard: t for t in topics if t.persistent for shard in self.registry.shard_names(t)}
         for name in [n for n in self._shards if n not in wanted]:
             await self._drop(name)  # its topic was deleted or made non-persistent
+        now = time.monotonic()
+        self._benched = {n: t for n, t in self._benched.items() if t > now}
         for name, topic in wanted.items():
+            shard = self._shards.get(name)
+            if shard is not None and shard.task.done():
+                # Cannot happen (the task is supervised); if it does, never renew a lease nobody serves.
+                log.error("a shard's task ended; releasing the shard", extra={"shard": name})
+                await self._release(name)
+                continue
+            if name in self._benched:
+                continue
             asked = time.monotonic()
             try:
                 held = await asyncio.to_thread(self.queues.lock, name, self.options.worker_id, self.options.lease)
             except DfPubSubError as exc:
                 self._log.warning("lock", "lease call failed", shard=name, error=str(exc))
                 continue
-            shard = self._shards.get(name)
             if not held:
                 if shard is not None:
                     log.warning("lost the lease of a shard", extra={"shard": name})
@@ -160,18 +184,28 @@ class DeliveryWorker:
             shard.task.cancel()
             await asyncio.gather(shard.task, return_exceptions=True)
 
+    async def _unlock(self, name: str) -> None:
+        try:
+            await asyncio.to_thread(self.queues.unlock, name, self.options.worker_id)
+        except DfPubSubError:
+            pass  # the lease expires by itself
+
+    async def _release(self, name: str) -> None:
+        """Stop serving ``name`` and release its lease at once; skip it until the next walk."""
+        if self._shards.pop(name, None) is not None:
+            self._benched[name] = time.monotonic() + self.options.renew_interval
+        await self._unlock(name)
+
     async def _release_all(self) -> None:
         names = list(self._shards)
         for name in names:
             await self._drop(name)
         for name in names:
-            try:
-                await asyncio.to_thread(self.queues.unlock, name, self.options.worker_id)
-            except DfPubSubError:
-                pass  # the lease expires by itself
-        for endpoint in self._endpoints.values():
-            await endpoint.close()
-        self._endpoints.clear()
+            await self._unlock(name)
+        for link in self._links.values():
+            if link.endpoint is not None:
+                await link.endpoint.close()
+        self._links.clear()
 
     def _leased(self, name: str) -> bool:
         shard = self._shards.get(name)
@@ -179,112 +213,54 @@ class DeliveryWorker:
 
     # -- delivery -------------------------------------------------------------------------
 
-    def _endpoint(self, topic: Topic) -> Endpoint:
+    def _link(self, topic: Topic) -> _Link:
         options = tuple(sorted(topic.endpoint_options.items()))
         key = (topic.name, topic.endpoint, topic.format, options)
-        ep = self._endpoints.get(key)
-        if ep is None:
-            ep = self._endpoints[key] = open_endpoint(topic.endpoint, format=topic.format, options=dict(options))
-        return ep
+        link = self._links.get(key)
+        if link is None:
+            own = self.options.endpoint_inflight
+            try:
+                endpoint: Endpoint | None = open_endpoint(topic.endpoint, format=topic.format, options=dict(options))
+                own = endpoint.max_inflight or own
+            except EndpointRejected as exc:
+                endpoint = None
+                log.error("bad endpoint; its entries go to the dead letters", extra={"topic": topic.name,
+                                                                                       "error": str(exc)})
+            link = self._links[key] = _Link(endpoint, Slots(asyncio.Semaphore(own), self._inflight))
+        return link
 
     async def _serve(self, name: str, topic: Topic) -> None:
+        """The shard's task: rounds until cancelled, supervised (see the module docstring)."""
         stats = self.topic_stats(topic.name)
-        try:
-            endpoint = self._endpoint(topic)
-        except EndpointRejected as exc:
-            endpoint = None
-            log.error("bad endpoint; its entries go to the dead letters", extra={"topic": topic.name,
-                                                                                   "error": str(exc)})
+        link = self._link(topic)
+        shard = ShardRound(name, topic, self.queues, link.endpoint, link.slots, stats, self.options.batch_size,
+                           lambda: self._leased(name), self._log)
+        failing_since: float | None = None
+        failures = 0
         while True:
             if not self._leased(name):
                 await asyncio.sleep(self.options.poll_interval)  # renewal pending: deliver nothing meanwhile
                 continue
             try:
-                entries, _ = await asyncio.to_thread(self.queues.list, name, self.options.batch_size)
-            except DfPubSubError as exc:
-                self._log.warning("list", "listing a shard failed", shard=name, error=str(exc))
-                await asyncio.sleep(self.options.poll_interval)
+                busy = await shard.run()
+            except Exception as exc:  # noqa: BLE001 - supervised: every failure is logged and retried
+                now = time.monotonic()
+                failing_since = failing_since or now
+                failures += 1
+                stats.inc("shard_failures")
+                log.error("delivering a shard failed; retrying", exc_info=not isinstance(exc, DfPubSubError),
+                          extra={"shard": name, "topic": topic.name, "failures": failures, "error": str(exc)})
+                if now - failing_since > self.options.lease:
+                    log.error("a shard keeps failing; releasing its lease for another worker",
+                              extra={"shard": name, "topic": topic.name, "failures": failures})
+                    await self._release(name)
+                    return
+                pause = self.options.poll_interval * 2 ** min(failures, 16)
+                await asyncio.sleep(min(pause, self.options.renew_interval))
                 continue
-            if not entries:
+            failing_since, failures = None, 0
+            if not busy:
                 await asyncio.sleep(self.options.poll_interval)
-                continue
-            items: list[_Item] = []
-            for e in entries:
-                try:
-                    items.append((e, decode(e.data)))
-                except NotificationDecodeError as exc:
-                    await self._dead(name, stats, [(e, None)], f"undecodable: {exc.reason}")
-            if not items:
-                await self._done(name, entries[-1:])
-            elif endpoint is None:
-                await self._dead(name, stats, items, "bad endpoint")
-            else:
-                await self._deliver(name, topic, endpoint, stats, items)
-
-    async def _deliver(self, name: str, topic: Topic, endpoint: Endpoint, stats: Stats, items: list[_Item]) -> None:
-        pending = items
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(EndpointError),
-            wait=wait_fixed(topic.retry_sleep),
-            stop=stop_after_attempt(topic.max_retries + 1) if topic.max_retries else stop_never,
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    if attempt.retry_state.attempt_number > 1:
-                        stats.inc("retries")
-                    pending = await self._expire(name, topic, stats, pending)
-                    if not pending:
-                        return
-                    pending = await self._send(name, endpoint, stats, pending)
-        except EndpointError as exc:
-            await self._dead(name, stats, pending, f"max_retries ({topic.max_retries}): {exc}")
-        except EndpointRejected as exc:
-            await self._dead(name, stats, pending, f"rejected: {exc}")
-
-    async def _send(self, name: str, endpoint: Endpoint, stats: Stats, pending: list[_Item]) -> list[_Item]:
-        """Send ``pending``; on a failure remove what the endpoint did acknowledge and re-raise."""
-        try:
-            async with self._inflight:
-                await endpoint.send([n for _, n in pending])
-        except (EndpointError, EndpointRejected) as exc:
-            stats.inc("send_failures", reason="rejected" if isinstance(exc, EndpointRejected) else "retryable")
-            self._log.warning("send", "delivery failed", topic=pending[0][1].topic, endpoint=endpoint.safe_url,
-                              error=str(exc))
-            if exc.acked:
-                await self._done(name, [e for e, _ in pending[:exc.acked]])
-                stats.inc("delivered", exc.acked)
-                del pending[:exc.acked]
-            raise
-        stats.inc("delivered", len(pending))
-        await self._done(name, [e for e, _ in pending])
-        return []
-
-    async def _expire(self, name: str, topic: Topic, stats: Stats, pending: list[_Item]) -> list[_Item]:
-        if not topic.time_to_live:
-            return pending
-        now = time.time()
-        expired = [i for i in pending if now - i[0].enqueued_at > topic.time_to_live]
-        if not expired:
-            return pending
-        await self._dead(name, stats, expired, f"time_to_live ({topic.time_to_live:g} s)")
-        gone = {e.marker for e, _ in expired}
-        return [i for i in pending if i[0].marker not in gone]
-
-    async def _dead(self, name: str, stats: Stats, items: Sequence[tuple[QueueEntry, Notification | None]],
-                    reason: str) -> None:
-        """Record ``items`` as dead letters, then remove them (the record is idempotent per marker)."""
-        for e, _ in items:
-            await asyncio.to_thread(self.queues.dead_letter, name, e.marker, e.data, reason)
-        stats.inc("dead_letters", len(items), reason=reason.split(" ", 1)[0].rstrip(":"))
-        log.warning("dead-lettered notifications", extra={"shard": name, "count": len(items), "reason": reason})
-        await self._done(name, [e for e, _ in items])
-
-    async def _done(self, name: str, entries: Sequence[QueueEntry]) -> None:
-        """Remove the queue's head up to the last of ``entries`` (everything before is handled)."""
-        if entries:
-            await asyncio.to_thread(self.queues.remove, name, entries[-1].marker)
 
 
 class DeliveryThread:

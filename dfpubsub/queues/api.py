@@ -5,8 +5,9 @@ A writer ``reserve()``\\s room for an entry before it changes anything, then
 entry exists exactly when the write happened and a full queue refuses the
 write up front (Ceph's persistent bucket notifications). The owner of a
 queue (a lease taken with ``lock()``) ``list()``\\s entries in commit order
-and ``remove()``\\s them once delivered; what cannot be delivered goes to
-the dead letters.
+and removes exactly those it delivered (``remove_markers()``, or ``remove()``
+of a prefix); what cannot be delivered goes to the dead letters with
+``set_aside()``, which records and removes each entry in one atomic step.
 
 **Accounting** (docs/queues.md): a queue counts its committed entries and
 bytes and its live reservations and their reserved bytes, and refuses a
@@ -272,8 +273,19 @@ class QueueStore(abc.ABC):
         return self._list(name, max, marker_seq(from_marker))
 
     def remove(self, name: str, up_to_marker: str) -> int:
-        """Remove the entries up to and including ``up_to_marker``; how many were removed."""
+        """Remove the entries up to and including ``up_to_marker``; how many were removed.
+
+        Only for a prefix the caller handled whole: an entry listed but not yet
+        delivered that sorts before ``up_to_marker`` goes too (use :meth:`remove_markers`).
+        """
         return self._remove(name, marker_seq(up_to_marker))
+
+    def remove_markers(self, name: str, markers: Sequence[str]) -> int:
+        """Remove exactly the entries at ``markers``, in one atomic step; how many were
+        removed (markers of entries already gone are skipped)."""
+        self._batch(markers)
+        seqs = sorted({marker_seq(m) for m in markers})
+        return self._remove_markers(name, seqs) if seqs else 0
 
     def stats(self, name: str) -> QueueStats:
         """Counters of the queue (expired reservations no longer count) and its lease."""
@@ -301,16 +313,34 @@ class QueueStore(abc.ABC):
     # -- dead letters ----------------------------------------------------------------------
 
     def dead_letter(self, name: str, marker: str, data: bytes, reason: str) -> bool:
-        """Set an undeliverable entry aside with ``reason``; False if (queue, marker) already was.
+        """Record a dead letter with ``reason``; False if (queue, marker) already was.
 
-        Idempotent, so an owner that dies between this and ``remove()`` and is
-        replaced does not record the entry twice. Dead letters are not counted
-        in the queue's capacity; they stay until purged or the queue is deleted.
+        Records only: the entry stays queued (a delivery worker uses
+        :meth:`set_aside`, which also removes it atomically). Dead letters are
+        not counted in the queue's capacity; they stay until purged or the
+        queue is deleted.
         """
         marker_seq(marker)
         if not isinstance(data, bytes) or not isinstance(reason, str):
             raise InvalidValue("dead letter data must be bytes and reason a str")
         return self._dead_letter(name, marker, data, reason, self.clock())
+
+    def set_aside(self, name: str, entries: Sequence[QueueEntry], reason: str) -> int:
+        """Move ``entries`` (as listed) to the dead letters with ``reason``: recording each one
+        and removing it from the queue is one atomic step (all of them here), so a crash leaves
+        an entry either queued or set aside, never both lost nor only half moved. An entry no
+        longer queued is skipped (another owner handled it); one already recorded keeps its
+        first record and is removed. How many entries were removed.
+        """
+        self._batch(entries)
+        if not isinstance(reason, str):
+            raise InvalidValue("dead letter reason must be a str")
+        items = {}
+        for e in entries:
+            if not isinstance(e.data, bytes):
+                raise InvalidValue("dead letter data must be bytes")
+            items[marker_seq(e.marker)] = e.data
+        return self._set_aside(name, sorted(items.items()), reason, self.clock()) if items else 0
 
     def list_dead_letters(self, name: str | None = None, max: int = 1000) -> list[DeadLetter]:
         """Dead letters of one queue (all if None), by queue then marker, at most ``max``."""
@@ -391,6 +421,12 @@ class QueueStore(abc.ABC):
 
     @abc.abstractmethod
     def _remove(self, name: str, up_to: int) -> int: ...
+
+    @abc.abstractmethod
+    def _remove_markers(self, name: str, seqs: list[int]) -> int: ...
+
+    @abc.abstractmethod
+    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int: ...
 
     @abc.abstractmethod
     def _stats(self, name: str, now: float) -> QueueStats: ...

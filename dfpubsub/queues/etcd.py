@@ -49,6 +49,9 @@ __all__ = ["EtcdQueues"]
 _MAX_BYTES, _MAX_ENTRIES, _STALE, _CREATED, _SEQ, _ENTRIES, _BYTES, _RES = range(8)
 _AT = struct.Struct(">d")
 _REMOVE_PAGE = 1000
+#: Entries per transaction of remove_markers / set_aside: a read of each, then a delete and a dead
+#: letter each and the state, within etcd's 128 operations per transaction.
+_EXACT_PAGE = 60
 State = list  # the decoded state key: see the module docstring
 
 
@@ -298,6 +301,42 @@ class EtcdQueues(QueueStore):
                 removed += len(kvs)
                 if len(kvs) < _REMOVE_PAGE:
                     return removed
+
+    def _remove_markers(self, name: str, seqs: list[int]) -> int:
+        return self._remove_exact(name, [(s, None) for s in seqs], None)
+
+    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int:
+        return self._remove_exact(name, items, (reason, now))
+
+    def _remove_exact(self, name: str, items: list[tuple[int, bytes | None]],
+                      dead: tuple[str, float] | None) -> int:
+        """Delete the entries of ``items`` that exist (and with ``dead`` record them as dead letters)
+        page by page, each page one compare-and-set of the state: every entry deletion changes the
+        state, so an unchanged state means the entries read are still there."""
+        prefix, key = self._entry_prefix(name), self._state_key(name)
+        removed = 0
+        for i in range(0, len(items), _EXACT_PAGE):
+            page = [(prefix + marker(seq).encode(), seq, data) for seq, data in items[i:i + _EXACT_PAGE]]
+            while True:
+                (revision, state), ranges = self._read(name, *(rpc.RangeRequest(key=k) for k, _, _ in page))
+                found = [(k, seq, data, r.kvs[0]) for (k, seq, data), r in zip(page, ranges) if r.kvs]
+                if not found:
+                    break
+                new = list(state)
+                new[_ENTRIES] -= len(found)
+                new[_BYTES] -= sum(len(kv.value) - _AT.size for *_, kv in found)
+                ops: list[Any] = [rpc.PutRequest(key=key, value=_pack(new))]
+                ops += [rpc.DeleteRangeRequest(key=k) for k, *_ in found]
+                if dead is not None:
+                    # A record written earlier (by dead_letter()) is replaced by this one, of the same entry.
+                    ops += [rpc.PutRequest(key=self._dead + f"{name}/{marker(seq)}".encode(),
+                                           value=_pack([data, *dead])) for _, seq, data, _ in found]
+                resp = self._send([_mod_is(key, revision)], ops)
+                if resp.succeeded:
+                    self._remember(name, resp.header.revision, new)
+                    removed += len(found)
+                    break
+        return removed
 
     def _stats(self, name: str, now: float) -> QueueStats:
         (_, state), (lease,) = self._read(name, rpc.RangeRequest(key=self._locks + name.encode()))

@@ -137,6 +137,26 @@ redis.call('HINCRBY', KEYS[1], 'bytes', int(-freed))
 return #gone
 """
 
+# KEYS: meta, entries, dead letters. ARGV: then per entry its stream id, and (set aside) its marker
+# and packed dead letter. Removes exactly those entries; a set-aside entry is recorded (HSETNX: the
+# first record stays) in the same script, so it is never half moved. Returns how many were removed.
+_REMOVE_IDS = _LIB + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local step = tonumber(ARGV[1])
+local n, freed = 0, 0
+for i = 2, #ARGV, step do
+  local row = redis.call('XRANGE', KEYS[2], ARGV[i], ARGV[i])
+  if #row > 0 then
+    n = n + 1
+    freed = freed + string.len(row[1][2][4])
+    redis.call('XDEL', KEYS[2], ARGV[i])
+    if step == 3 then redis.call('HSETNX', KEYS[3], ARGV[i + 1], ARGV[i + 2]) end
+  end
+end
+if freed > 0 then redis.call('HINCRBY', KEYS[1], 'bytes', int(-freed)) end
+return n
+"""
+
 # KEYS: meta, reservations, entries. ARGV: now.
 _STATS = _LIB + """
 local m = redis.call('HMGET', KEYS[1], 'bytes', 'max_bytes', 'max_entries', 'owner', 'owner_until')
@@ -244,7 +264,8 @@ end
 """.replace("{prefix}", str(MAX_PREFIX_BYTES))
 
 _SCRIPTS = {
-    "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "stats": _STATS,
+    "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "remove_ids": _REMOVE_IDS,
+    "stats": _STATS,
     "create": _CREATE, "delete": _DELETE, "lock": _LOCK, "unlock": _UNLOCK, "dead_letter": _DEAD_LETTER,
     "purge": _PURGE,
 }
@@ -403,6 +424,21 @@ class RedisQueues(QueueStore):
         if n == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
         return n
+
+    def _remove_ids(self, name: str, what: str, args: list[Any]) -> int:
+        n = self._run("remove_ids", f"{what} in {name}", self._keys(name, "m", "e", "d"), args)
+        if n == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        return n
+
+    def _remove_markers(self, name: str, seqs: list[int]) -> int:
+        return self._remove_ids(name, "remove", [1, *(f"{s}-0" for s in seqs)])
+
+    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int:
+        args: list[Any] = [3]
+        for seq, data in items:
+            args += (f"{seq}-0", marker(seq), msgpack.packb([data, reason, now]))
+        return self._remove_ids(name, "set aside", args)
 
     def _stats(self, name: str, now: float) -> QueueStats:
         row = self._run("stats", f"stats of {name}", self._keys(name, "m", "r", "e"), [repr(now)])

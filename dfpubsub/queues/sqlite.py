@@ -348,6 +348,30 @@ class SqliteQueues(QueueStore):
 
         return self._run(run)
 
+    def _remove_markers(self, name: str, seqs: list[int]) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            n = conn.executemany("DELETE FROM q_entries WHERE queue = ? AND seq = ?",
+                                 [(name, s) for s in seqs]).rowcount
+            if not n:
+                self._require(conn, name)
+            return n
+
+        return self._tx(run)
+
+    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            moved = 0
+            for seq, data in items:
+                if conn.execute("DELETE FROM q_entries WHERE queue = ? AND seq = ?", (name, seq)).rowcount:
+                    moved += 1
+                    conn.execute("INSERT INTO q_dead_letters VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                 (name, marker(seq), reason, now, data))
+            if not moved:
+                self._require(conn, name)
+            return moved
+
+        return self._tx(run)
+
     def _stats(self, name: str, now: float) -> QueueStats:
         def run(conn: sqlite3.Connection) -> tuple:
             conn.execute(_SWEEP, (name, now))

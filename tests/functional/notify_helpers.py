@@ -2,6 +2,8 @@
 
 import itertools
 
+import pytest
+
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
 from dfpubsub.notify.notification import encode, make_notification
@@ -22,6 +24,16 @@ def open_backend(kind, tmp_path, shared_redis=None, shared_etcd=None):
     if kind == "redis":
         return open_queues(f"redis://127.0.0.1:{shared_redis.port}/0", prefix=prefix)
     return open_queues(f"etcd://127.0.0.1:{shared_etcd.port}", prefix=prefix)
+
+
+@pytest.fixture(params=["sqlite", "redis", "etcd"])
+def queues(request, tmp_path):
+    """Queues on each backend (a fixture: import it into a test module to use it)."""
+    extra = {"redis": "shared_redis", "etcd": "shared_etcd"}.get(request.param)
+    server = request.getfixturevalue(extra) if extra else None
+    q = open_backend(request.param, tmp_path, shared_redis=server, shared_etcd=server)
+    yield q
+    q.close()
 
 
 def make_topic(registry, name, url, **attrs):
@@ -59,3 +71,16 @@ def delivered_keys(webhook):
 
 def wait_drained(registry, topic, timeout=20.0):
     wait_for(lambda: pending(registry, topic) == 0, timeout=timeout, what=f"topic {topic} to drain")
+
+
+def reopen(queues, **options):
+    """Another client of the same queues (another writer, e.g. with a clock of its own)."""
+    if queues.backend == "sqlite":
+        return open_queues(f"sqlite:///{queues.path}", **options)
+    return open_queues(queues.url, prefix=queues.prefix, **options)
+
+
+def enqueue_raw(queues, shard, data):
+    """What a broken or foreign writer may leave: bytes that are no notification."""
+    return queues.commit(shard, queues.reserve(shard, len(data)), data)
+

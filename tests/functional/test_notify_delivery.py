@@ -18,20 +18,11 @@ from tests.functional.notify_helpers import (
     delivery,
     enqueue,
     make_topic,
-    open_backend,
+    queues,  # noqa: F401 - the fixture
     owns_all,
     pending,
     wait_drained,
 )
-
-
-@pytest.fixture(params=["sqlite", "redis", "etcd"])
-def queues(request, tmp_path):
-    extra = {"redis": "shared_redis", "etcd": "shared_etcd"}.get(request.param)
-    server = request.getfixturevalue(extra) if extra else None
-    q = open_backend(request.param, tmp_path, shared_redis=server, shared_etcd=server)
-    yield q
-    q.close()
 
 
 def test_endpoint_down_pending_grows_then_drains_when_it_is_back(queues):

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 
 from dfpubsub.errors import InvalidValue, QueueFull, QueueNotFound, ReservationNotFound
-from dfpubsub.queues import QueueStats, open_queues
+from dfpubsub.queues import QueueEntry, QueueStats, open_queues
+from dfpubsub.queues.api import marker as marker_of
 
 _prefix = itertools.count()
 END = "9" * 20  # a marker after every entry
@@ -446,6 +447,20 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.q.remove(self.name, upto) == len(gone)
         self.entries = self.entries[len(gone):]
 
+    @rule(picks=st.lists(st.integers(0, 7), max_size=4), aside=st.booleans())
+    def remove_exactly(self, picks, aside):
+        """Remove (or set aside) some entries wherever they are; a pick past the end is one already gone."""
+        chosen = {self.entries[k] for k in picks if k < len(self.entries)}
+        stale = [(marker_of(len(self.entries) + k + 1000), b"") for k in picks if k >= len(self.entries)]
+        if aside:
+            listed = [QueueEntry(m, d, 0.0) for m, d in [*chosen, *stale]]
+            assert self.q.set_aside(self.name, listed, "why") == len(chosen)
+            letters = {d.marker: d.data for d in self.q.list_dead_letters(self.name, max=1000)}
+            assert all(letters.get(m) == d for m, d in chosen)
+        else:
+            assert self.q.remove_markers(self.name, [m for m, _ in [*chosen, *stale]]) == len(chosen)
+        self.entries = [e for e in self.entries if e not in chosen]
+
     @rule(dt=st.sampled_from([0.5, 1.0, 5.0, 9.5, 10.0, 20.0]))
     def tick(self, dt):
         self.clock.advance(dt)
@@ -517,3 +532,54 @@ def test_timestamps_come_from_the_clock(q, clock):
     q.commit("t", q.reserve("t", 1), b"x")
     assert q.list("t")[0][0].enqueued_at == clock.now
     assert q.queue_info("t").created_at == clock.now
+
+
+def test_remove_markers_removes_exactly_those_entries(q):
+    q.create_queue("t", max_bytes=10_000, max_entries=100)
+    markers = [q.commit("t", q.reserve("t", 10), f"e{i}".encode()) for i in range(6)]
+    # The middle and the end go; the entries before and between them stay, whatever their position.
+    assert q.remove_markers("t", [markers[1], markers[3], markers[5]]) == 3
+    assert [e.marker for e in q.list("t")[0]] == [markers[0], markers[2], markers[4]]
+    assert stats(q, "t") == (3, 6, 0, 0)
+    assert q.remove_markers("t", [markers[1], markers[2]]) == 1  # one was already gone
+    assert q.remove_markers("t", []) == 0
+    assert [e.data for e in q.list("t")[0]] == [b"e0", b"e4"] and stats(q, "t") == (2, 4, 0, 0)
+    with pytest.raises(QueueNotFound):
+        q.remove_markers("nope", [markers[0]])
+    with pytest.raises(InvalidValue):
+        q.remove_markers("t", ["x"])
+
+
+def test_set_aside_records_and_removes_each_entry_in_one_step(q):
+    q.create_queue("t", max_bytes=10_000, max_entries=100)
+    markers = [q.commit("t", q.reserve("t", 10), f"e{i}".encode()) for i in range(5)]
+    listed = q.list("t")[0]
+    # An undecodable entry in the middle: only it moves; the valid ones ahead of it stay queued.
+    assert q.set_aside("t", [listed[2]], "undecodable: bad") == 1
+    assert [e.marker for e in q.list("t")[0]] == [markers[0], markers[1], markers[3], markers[4]]
+    assert stats(q, "t") == (4, 8, 0, 0)
+    assert [(d.marker, d.data, d.reason) for d in q.list_dead_letters("t")] == [(markers[2], b"e2", "undecodable: bad")]
+    # Again (an owner replaced after the move): nothing queued to move, the record stays as it was.
+    assert q.set_aside("t", [listed[2]], "other") == 0
+    # A record made alone earlier (dead_letter() of an older worker) is completed: the entry goes.
+    q.dead_letter("t", markers[4], b"e4", "time_to_live")
+    assert q.set_aside("t", [listed[0], listed[4]], "max_retries (2)") == 2
+    assert [e.marker for e in q.list("t")[0]] == [markers[1], markers[3]] and stats(q, "t") == (2, 4, 0, 0)
+    letters = {d.marker: d for d in q.list_dead_letters("t")}
+    assert sorted(letters) == [markers[0], markers[2], markers[4]]
+    assert letters[markers[0]].data == b"e0" and letters[markers[0]].reason == "max_retries (2)"
+    with pytest.raises(QueueNotFound):
+        q.set_aside("nope", [listed[0]], "x")
+
+
+def test_exact_removal_pages_through_long_batches(q):
+    q.create_queue("t", max_bytes=1 << 20, max_entries=1000)
+    for chunk in range(3):
+        q.commit_many("t", [(r, f"e{chunk}-{i}".encode()) for i, r in enumerate(q.reserve_many("t", [8] * 100))])
+    listed = q.list("t", 300)[0]
+    odd, even = listed[1::2], listed[0::2]
+    assert q.set_aside("t", odd[:q.max_batch], "max_retries") == min(150, q.max_batch)
+    assert q.remove_markers("t", [e.marker for e in even[:q.max_batch]]) == min(150, q.max_batch)
+    left = q.list("t", 300)[0]
+    assert len(left) == 300 - 2 * min(150, q.max_batch) == q.stats("t").entries
+    assert len(q.list_dead_letters("t", max=1000)) == min(150, q.max_batch)

@@ -14,9 +14,13 @@ measured with their queues elsewhere (another file, another database), which
 reserves and commits around the write: keys ``<backend>_two_phase_*``.
 Queues are emptied between rounds, outside the timing.
 
+Isolation half (tools/bench/notify_isolation.py): a healthy topic's delivery p99 with six hung
+endpoints beside it (``isolation_p99_s``) and without them (``isolation_baseline_p99_s``).
+
 Last line: ``{"bench": "notify", "<backend>_write_ratio": R, "<backend>_writes_per_s": N,
-"<backend>_notified_writes_per_s": N, ..., "delivery_per_s": N}``. Targets: write ratio >= 0.85
-with 11 shards on SQLite and Redis; delivery >= 5,000 notifications/s per worker.
+"<backend>_notified_writes_per_s": N, ..., "delivery_per_s": N, "isolation_p99_s": S,
+"isolation_baseline_p99_s": S}``. Targets: write ratio >= 0.85 with 11 shards on SQLite and
+Redis; delivery >= 5,000 notifications/s per worker; isolation p99 <= 2x its baseline.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dfpubsub.store import Store
 from dfpubsub.tools.bench.backends import bench_store
 from dfpubsub.tools.bench.nb_write import TABLES, VALUE, nbapi_rate
 from dfpubsub.tools.bench.notify_delivery import delivery_rate
+from dfpubsub.tools.bench.notify_isolation import isolation_p99
 
 __all__ = ["write_ratios", "main"]
 
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--two-phase", action="store_true",
                         help="also measure SQLite and Redis with their queues elsewhere (reserve/commit)")
     parser.add_argument("--notifications", type=int, default=50_000, help="queued for the delivery half")
+    parser.add_argument("--hung", type=int, default=6, help="hung endpoints beside the healthy topic")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"bench": "notify", "writes": args.writes, "shards": args.shards}
     result.update(write_ratios(args))
@@ -113,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[delivery] one worker, local webhook: {batched:,.0f} notifications/s in batches of 100 S3 records, "
           f"{single:,.0f}/s one per request", flush=True)
     result.update(delivery_per_s=round(batched), delivery_one_per_request_per_s=round(single))
+    baseline, isolated = isolation_p99(hung=0), isolation_p99(hung=args.hung)
+    print(f"[isolation] healthy topic's delivery p99 {baseline:.3f} s alone, {isolated:.3f} s beside "
+          f"{args.hung} hung endpoints ({isolated / baseline:.1f}x)", flush=True)
+    result.update(isolation_p99_s=round(isolated, 3), isolation_baseline_p99_s=round(baseline, 3))
     print(json.dumps(result))
     return 0
 
