@@ -98,7 +98,7 @@ def test_sqlite_urls_read_as_sqlalchemy_does(tmp_path, monkeypatch):
     assert sqlite_path("sqlite:///data/nb.sqlite") == "data/nb.sqlite"  # relative, created under ./data
     assert sqlite_path(f"sqlite:///{tmp_path}/nb.sqlite") == f"{tmp_path}/nb.sqlite"  # four slashes: absolute
     assert sqlite_path("sqlite:///:memory:") == ":memory:"
-    old = f"sqlite:///{tmp_path}/nb.sqlite"  # three slashes before an absolute path: the old reading
+    old = f"sqlite://{tmp_path}/nb.sqlite"  # three slashes before an absolute path: the old reading
     with pytest.warns(DeprecationWarning, match="sqlite:////"):
         assert sqlite_path(old) == f"{tmp_path}/nb.sqlite"
     for bad in ("sqlite://", "sqlite:///", "sqlite:nb.sqlite"):
