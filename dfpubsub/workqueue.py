@@ -8,6 +8,8 @@
   :meth:`WorkQueue.done`.
 * Retries wait ``RateLimiter.when(key)`` (per-key exponential backoff, overall
   token bucket) in a delayed set; :meth:`WorkQueue.forget` resets the backoff.
+  A key handed to a worker leaves the delayed set: that run reads the newest
+  state and schedules its own retry if it fails.
 * The queue is bounded: :meth:`WorkQueue.add` blocks while ``max_depth`` keys
   wait (back-pressure on the caller); retries and re-adds of dirty keys never
   block, so a worker cannot deadlock on its own queue.
@@ -130,6 +132,10 @@ class WorkQueue(Generic[K]):
                 if self._queue:
                     key = self._queue.popleft()
                     self._wait.observe(now - self._dirty.pop(key))
+                    # This run reads the newest state and decides about retries itself:
+                    # a retry still pending would only run it again for nothing.
+                    if key in self._due:
+                        del self._due[key]
                     self._processing[key] = now
                     self._not_full.notify()
                     return key

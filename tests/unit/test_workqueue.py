@@ -190,3 +190,14 @@ def test_wait_idle_counts_processing_but_not_delayed_keys():
     assert not q.wait_idle(0)
     threading.Timer(0.05, q.done, args=(k,)).start()
     assert q.wait_idle(5)
+
+
+def test_a_pending_retry_is_dropped_when_the_key_is_taken_for_a_newer_change():
+    clock = Clock()
+    q = queue(clock)
+    q.add_rate_limited("a")  # failed: retry in 5 ms
+    q.add("a")  # but it changed: queued at once
+    assert q.get(0) == "a" and q.delayed() == 0
+    q.done("a")
+    clock.now += 1
+    assert q.get(0) is None  # no second run for the stale retry
