@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from .api import SubscriberTransport
 from .cache import Change, VersionedCache
+from .config import ControllerSettings
 from .events import Action, Event, VersionedObject
 from .indexer import IndexFunc, Indexer, Lister
 from .logs import RateLimitedLog
@@ -65,6 +66,12 @@ class ControllerOptions:
     retry_burst: int = 100
     #: ``synced`` waits for the work queue to drain once after the first full sync.
     sync_drains_queue: bool = True
+
+    @classmethod
+    def from_settings(cls, s: ControllerSettings) -> "ControllerOptions":
+        """The work queue's and workers' share of ``[controller]``."""
+        return cls(s.workers, s.resync_period, s.max_retries, s.queue_size, s.retry_base_delay, s.retry_max_delay,
+                   s.retry_qps, s.retry_burst, s.sync_drains_queue)
 
 
 class FailedKey(NamedTuple):
