@@ -62,7 +62,8 @@ class WorkQueue(Generic[K]):
         self._delayed: list[tuple[float, int, K]] = []  # heap of (due, tie-breaker, key)
         self._due: dict[K, float] = {}  # key -> its earliest due time in the heap
         self._seq = itertools.count()
-        self._getters = 0  # workers blocked in get(): notify only when someone listens
+        # Threads blocked in get(), add() and wait_idle(): notify only when someone listens.
+        self._getters = self._adders = self._idlers = 0
         self._shutdown = False
         self._wait = self.stats.histogram("workqueue_wait")
         self._work = self.stats.histogram("workqueue_work")
@@ -81,8 +82,12 @@ class WorkQueue(Generic[K]):
                 return
             if key not in self._processing and len(self._queue) >= self.max_depth:
                 self.stats.inc("workqueue_full")
-                while len(self._queue) >= self.max_depth and not self._shutdown:
-                    self._not_full.wait()
+                self._adders += 1
+                try:
+                    while len(self._queue) >= self.max_depth and not self._shutdown:
+                        self._not_full.wait()
+                finally:
+                    self._adders -= 1
                 if self._shutdown or key in self._dirty:
                     return
             self._add_locked(key, self._clock())
@@ -137,7 +142,8 @@ class WorkQueue(Generic[K]):
                     if key in self._due:
                         del self._due[key]
                     self._processing[key] = now
-                    self._not_full.notify()
+                    if self._adders:
+                        self._not_full.notify()
                     return key
                 wait = None if deadline is None else deadline - now
                 if self._delayed:
@@ -163,7 +169,8 @@ class WorkQueue(Generic[K]):
                 self._queue.append(key)
                 if self._getters:
                     self._not_empty.notify()
-            self._changed.notify_all()
+            if self._idlers:
+                self._changed.notify_all()
 
     # -- state ---------------------------------------------------------------------------
 
@@ -191,8 +198,12 @@ class WorkQueue(Generic[K]):
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until :meth:`idle` (or shutdown); return whether the queue was idle."""
         with self._lock:
-            return self._changed.wait_for(lambda: self._shutdown or not (self._queue or self._processing), timeout) \
-                and not self._shutdown
+            self._idlers += 1
+            try:
+                return self._changed.wait_for(lambda: self._shutdown or not (self._queue or self._processing),
+                                              timeout) and not self._shutdown
+            finally:
+                self._idlers -= 1
 
     @property
     def shutting_down(self) -> bool:
