@@ -242,8 +242,10 @@ class Controller:
     def _on_resync(self, topics: set[str]) -> None:
         truth = self._list(topics)
         changes = self.cache.reconcile(topics, truth)
-        indexers = self.indexers
+        reconcilers, indexers = self.reconcilers, self.indexers
         for ch in changes:
+            if ch.table not in reconcilers and ch.table not in indexers:
+                continue
             obj = None if ch.action is Action.DELETE else VersionedObject(ch.topic, ch.table, ch.key, ch.version,
                                                                           ch.value)
             self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table))
