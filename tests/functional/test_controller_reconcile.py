@@ -251,3 +251,28 @@ def test_indexes_follow_the_cache_and_listers_read_them(env):
     wait_for(lambda: ports.index_keys("by_network", "n1") == ["p4"], what="the resync's change to be indexed")
     with pytest.raises(KeyError):
         ports.index_keys("no-such-index", "x")
+
+
+def test_stop_while_a_worker_is_busy_lets_it_finish_and_reconciles_nothing_more(env):
+    store, api, controller = env
+    entered, finished = threading.Event(), []
+
+    class Busy(Seen):
+        def act(self, key, obj):
+            if key.key == "busy":
+                entered.set()
+                time.sleep(1.0)
+                finished.append(key.key)
+
+    seen = Busy()
+    ctrl = controller(reconcilers={"port": seen}, runtime=ControllerOptions(workers=1))
+    api.create("port", "busy", {})
+    assert entered.wait(10)
+    for i in range(20):
+        api.create("port", f"queued{i}", {})
+    wait_for(lambda: len(ctrl.queue) > 0, what="keys to queue up behind the busy one")
+    t0 = time.monotonic()
+    ctrl.stop()
+    assert time.monotonic() - t0 < 5
+    assert finished == ["busy"] and not any(t.is_alive() for t in ctrl._threads)
+    assert list(seen.calls) == ["busy"]  # the queued keys were dropped with the queue, not reconciled
