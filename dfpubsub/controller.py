@@ -4,7 +4,8 @@ Subscribe, full-sync from the store, then apply events newer than the cache;
 resyncs (gaps, a dead publisher, an overflow, the periodic store reconcile)
 list the store for the affected topics and reconcile the cache. That is the
 *dispatch* thread, and all it does per change is apply it to the cache (and
-its indexes) and add the key to a :class:`~dfpubsub.workqueue.WorkQueue`.
+its indexes) and note the key, queued with the others of its envelope (or
+resync) on a :class:`~dfpubsub.workqueue.WorkQueue` in one step.
 ``workers`` threads take keys from the queue and call the table's
 :class:`~dfpubsub.reconciler.Reconciler` with the cache's current state; a key
 is never with two workers at once, changes arriving meanwhile collapse into
@@ -143,8 +144,10 @@ class Controller:
         stats.set("reconcile_failed_keys", lambda: len(self._failed))
         self._badlog = RateLimitedLog(log)
         self.synced = threading.Event()
+        self._pending: list[_Ident] = []  # keys changed by the envelope being applied
         self.subscriber = Subscriber(
-            transport, topics, self._on_event, self._on_resync, options, name, on_gap, stats
+            transport, topics, self._on_event, self._on_resync, options, name, on_gap, stats,
+            on_delivered=self._flush,
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -158,7 +161,8 @@ class Controller:
         return Lister(self.cache, table, self.indexers.get(table), self._last_known)
 
     def failed(self) -> list[FailedKey]:
-        """Keys given up after ``max_retries`` failures, until their next change or re-delivery."""
+        """Keys given up after ``max_retries`` failures, until a reconcile of theirs succeeds (after
+        their next change or at the next re-delivery)."""
         return sorted(self._failed.values())
 
     def start(self) -> "Controller":
@@ -226,7 +230,7 @@ class Controller:
             ident = (table, event.key)
             if self._gone:
                 self._forget_gone(ident)
-            self.queue.add(ident)
+            self._pending.append(ident)
 
     def _list(self, topics: set[str]) -> list[VersionedObject]:
         """The source of truth for ``topics``: the bootstrap for those never synced, else the store."""
@@ -249,6 +253,7 @@ class Controller:
             obj = None if ch.action is Action.DELETE else VersionedObject(ch.topic, ch.table, ch.key, ch.version,
                                                                           ch.value)
             self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table))
+        self._flush()
         self.stats.inc("resync_changes", len(changes))
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)
@@ -268,7 +273,13 @@ class Controller:
                 self._gone[ident] = previous
         elif self._gone:
             self._forget_gone(ident)
-        self.queue.add(ident)
+        self._pending.append(ident)
+
+    def _flush(self) -> None:
+        """Queue the keys the last envelope (or resync) changed: one lock and one wake-up for all."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self.queue.add_many(pending)
 
     def _forget_gone(self, ident: _Ident, only: VersionedObject | None = None) -> None:
         with self._gone_lock:
@@ -282,14 +293,14 @@ class Controller:
 
     def _work_loop(self) -> None:
         queue = self.queue
-        while True:
-            ident = queue.get()
-            if ident is None:
-                return
+        ident = queue.get()
+        while ident is not None:
             try:
                 self._reconcile(ident)
-            finally:
-                queue.done(ident)
+            except Exception:  # a bug here must not cost a worker: log it and retry the key
+                log.exception("controller worker failed", extra={"controller": self.name, "key": list(ident)})
+                queue.add_rate_limited(ident)
+            ident = queue.done_and_get(ident)
 
     def _reconcile(self, ident: _Ident) -> None:
         table, key = ident

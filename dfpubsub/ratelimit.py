@@ -42,8 +42,9 @@ class ExponentialBackoff:
 
     def forget(self, key: Hashable) -> None:
         """``key`` succeeded: its next failure starts from ``base`` again."""
-        with self._lock:
-            self._failures.pop(key, None)
+        if key in self._failures:  # most keys never failed: no lock for them
+            with self._lock:
+                self._failures.pop(key, None)
 
 
 class TokenBucket:

@@ -25,7 +25,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
 from .metrics import Stats
@@ -78,19 +78,14 @@ class WorkQueue(Generic[K]):
     def add(self, key: K) -> None:
         """Queue ``key`` unless it waits already; block while the queue is full."""
         with self._lock:
-            if self._shutdown or key in self._dirty:
-                return
-            if key not in self._processing and len(self._queue) >= self.max_depth:
-                self.stats.inc("workqueue_full")
-                self._adders += 1
-                try:
-                    while len(self._queue) >= self.max_depth and not self._shutdown:
-                        self._not_full.wait()
-                finally:
-                    self._adders -= 1
-                if self._shutdown or key in self._dirty:
-                    return
-            self._add_locked(key, self._clock())
+            self._put_locked(key, self._clock())
+
+    def add_many(self, keys: Iterable[K]) -> None:
+        """:meth:`add` each of ``keys``, under one lock (a batch of changes costs one wake-up)."""
+        with self._lock:
+            now = self._clock()
+            for key in keys:
+                self._put_locked(key, now)
 
     def add_after(self, key: K, delay: float) -> None:
         """Queue ``key`` once ``delay`` seconds have passed (at once when ``delay`` <= 0)."""
@@ -127,50 +122,18 @@ class WorkQueue(Generic[K]):
     def get(self, timeout: float | None = None) -> K | None:
         """Take the next key (the caller must call :meth:`done` with it); None on timeout or shutdown."""
         with self._lock:
-            deadline = None if timeout is None else self._clock() + timeout
-            while True:
-                if self._shutdown:
-                    return None
-                now = self._clock()
-                if self._delayed:
-                    self._promote_locked(now)
-                if self._queue:
-                    key = self._queue.popleft()
-                    self._wait.observe(now - self._dirty.pop(key))
-                    # This run reads the newest state and decides about retries itself:
-                    # a retry still pending would only run it again for nothing.
-                    if key in self._due:
-                        del self._due[key]
-                    self._processing[key] = now
-                    if self._adders:
-                        self._not_full.notify()
-                    return key
-                wait = None if deadline is None else deadline - now
-                if self._delayed:
-                    until_due = self._delayed[0][0] - now
-                    wait = until_due if wait is None else min(wait, until_due)
-                if wait is not None and wait <= 0:
-                    if deadline is not None and now >= deadline:
-                        return None
-                    continue
-                self._getters += 1
-                try:
-                    self._not_empty.wait(wait)
-                finally:
-                    self._getters -= 1
+            return self._get_locked(timeout)
 
     def done(self, key: K) -> None:
         """The worker is finished with ``key``; if it changed meanwhile it is queued again."""
         with self._lock:
-            started = self._processing.pop(key, None)
-            if started is not None:
-                self._work.observe(self._clock() - started)
-            if key in self._dirty and not self._shutdown:
-                self._queue.append(key)
-                if self._getters:
-                    self._not_empty.notify()
-            if self._idlers:
-                self._changed.notify_all()
+            self._done_locked(key)
+
+    def done_and_get(self, key: K, timeout: float | None = None) -> K | None:
+        """:meth:`done` with ``key``, then :meth:`get`, under one lock (a worker's loop)."""
+        with self._lock:
+            self._done_locked(key)
+            return self._get_locked(timeout)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -219,6 +182,66 @@ class WorkQueue(Generic[K]):
             self._changed.notify_all()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _get_locked(self, timeout: float | None) -> K | None:
+        deadline = None if timeout is None else self._clock() + timeout
+        while True:
+            if self._shutdown:
+                return None
+            now = self._clock()
+            if self._delayed:
+                self._promote_locked(now)
+            if self._queue:
+                key = self._queue.popleft()
+                self._wait.observe(now - self._dirty.pop(key))
+                # This run reads the newest state and decides about retries itself:
+                # a retry still pending would only run it again for nothing.
+                if key in self._due:
+                    del self._due[key]
+                self._processing[key] = now
+                if self._adders:
+                    self._not_full.notify()
+                return key
+            wait = None if deadline is None else deadline - now
+            if self._delayed:
+                until_due = self._delayed[0][0] - now
+                wait = until_due if wait is None else min(wait, until_due)
+            if wait is not None and wait <= 0:
+                if deadline is not None and now >= deadline:
+                    return None
+                continue
+            self._getters += 1
+            try:
+                self._not_empty.wait(wait)
+            finally:
+                self._getters -= 1
+
+    def _done_locked(self, key: K) -> None:
+        started = self._processing.pop(key, None)
+        if started is not None:
+            self._work.observe(self._clock() - started)
+        if key in self._dirty and not self._shutdown:
+            self._queue.append(key)
+            if self._getters:
+                self._not_empty.notify()
+        if self._idlers:
+            self._changed.notify_all()
+
+    def _put_locked(self, key: K, now: float) -> None:
+        if self._shutdown or key in self._dirty:
+            return
+        if key not in self._processing and len(self._queue) >= self.max_depth:
+            self.stats.inc("workqueue_full")
+            self._adders += 1
+            try:
+                while len(self._queue) >= self.max_depth and not self._shutdown:
+                    self._not_full.wait()
+            finally:
+                self._adders -= 1
+            if self._shutdown or key in self._dirty:
+                return
+            now = self._clock()
+        self._add_locked(key, now)
 
     def _add_locked(self, key: K, now: float) -> None:
         if key in self._dirty:
