@@ -91,7 +91,9 @@ class Controller:
     ``handlers`` maps a table to an edge-triggered ``TableHandler``, run through
     :class:`~dfpubsub.reconciler.HandlerReconciler`. ``indexers`` declares
     secondary indexes per table (``{"port": {"by_network": fn}}``), read
-    through :meth:`lister`. ``reconcile_interval`` > 0 adds a periodic store
+    through :meth:`lister`. ``runtime`` sizes the work queue, the workers and
+    the retries. ``synced`` is set once the first full sync is in the cache
+    and (``sync_drains_queue``) reconciled. ``reconcile_interval`` > 0 adds a periodic store
     reconcile (jittered by ±10%), which also repairs a write whose publisher
     died before publishing. ``on_gap`` observes every resync request;
     ``on_reconciled(topics, changes)`` is told what each resync found that the
