@@ -9,7 +9,7 @@ pluggable drivers (``memory``, ``zmq``, ...) found through entry points.
 from .api import Driver, PublisherTransport, SubscriberTransport
 from .cache import Change, VersionedCache
 from .config import Settings, load_settings
-from .controller import Controller, TableHandler
+from .controller import Controller, ControllerOptions, FailedKey
 from .errors import (
     AlreadyExists,
     ClosedError,
@@ -33,6 +33,7 @@ from .events import CONTROL_TOPIC, Action, Bye, Event, EventBatch, Hello, Versio
 from .factory import create_driver, create_publisher, create_subscriber
 from .nbapi import AsyncNbApi, NbApi
 from .publisher import Publisher, PublisherOptions
+from .reconciler import DONE, REQUEUE, ObjectKey, Reconciler, Result, TableHandler
 from .registry import available_drivers, load_driver
 from .store import AsyncStore, Store, open_store
 from .subscriber import Subscriber, SubscriberOptions
@@ -46,6 +47,13 @@ __all__ = [
     "AsyncNbApi",
     "AsyncStore",
     "Controller",
+    "ControllerOptions",
+    "DONE",
+    "FailedKey",
+    "ObjectKey",
+    "REQUEUE",
+    "Reconciler",
+    "Result",
     "InvalidValue",
     "NbApi",
     "NotFound",

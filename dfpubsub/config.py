@@ -117,6 +117,26 @@ class ControllerSettings(_Section):
         "", description="Snapshot root (df-pipeline compact) to full-sync from, then catch up from the store; "
         "empty: list the whole store.",
     )
+    workers: int = Field(2, ge=1, le=256, description="Reconciler threads; a key is never with two at once.")
+    resync_period: float = Field(
+        600.0, ge=0, description="Seconds between re-deliveries of every cached key to the reconcilers, "
+        "jittered by 10% (0: never); also retries the failed set.",
+    )
+    max_retries: int = Field(0, ge=0, description="Failures of a key before it goes to the failed set (0: no limit).")
+    queue_size: int = Field(65536, ge=1, description="Keys waiting in the work queue at most (adds wait beyond).")
+    retry_base_delay: float = Field(0.005, gt=0, description="Seconds of a key's first retry delay; doubles per failure.")
+    retry_max_delay: float = Field(1000.0, gt=0, description="Seconds of a key's retry delay at most.")
+    retry_qps: float = Field(10.0, gt=0, description="Retries per second of all keys together (token bucket).")
+    retry_burst: int = Field(100, ge=1, description="Retries the token bucket grants at once.")
+    sync_drains_queue: bool = Field(
+        True, description="'synced' also waits for the reconcilers to take the first full sync (queue drained once).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "ControllerSettings":
+        if self.retry_max_delay < self.retry_base_delay:
+            raise ValueError("controller.retry_max_delay must be at least controller.retry_base_delay")
+        return self
 
 
 class ArchiveSettings(_Section):
@@ -304,7 +324,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, sections: Iterable[str
                 *spellings,
                 dest=f"set__{section}__{name}",
                 metavar=name.upper(),
-                help=f"{info.description} [default: {info.get_default(call_default_factory=True)!r}]",
+                # argparse formats help with %: a literal one in a description must be doubled.
+                help=f"{info.description} [default: {info.get_default(call_default_factory=True)!r}]".replace("%", "%%"),
             )
 
 

@@ -1,11 +1,18 @@
-"""The controller runtime: keep a local cache equal to the store, in the manner of an informer.
+"""The controller runtime: an informer feeding a work queue of keys to level-triggered reconcilers.
 
-Subscribe, then full-sync from the store, then apply events newer than the
-cache; per-table handlers see every create, update and delete exactly as the
-cache changes, whether it came from an event or from a resync that found what
-the events missed. Resyncs (gaps, a dead publisher, an overflow, a periodic
-reconcile) list the store for the affected topics and reconcile; they are
-rate-limited with jittered backoff by the subscriber.
+Subscribe, full-sync from the store, then apply events newer than the cache;
+resyncs (gaps, a dead publisher, an overflow, the periodic store reconcile)
+list the store for the affected topics and reconcile the cache. That is the
+*dispatch* thread, and all it does per change is apply it to the cache (and
+its indexes) and note the key, queued with the others of its envelope (or
+resync) on a :class:`~dfpubsub.workqueue.WorkQueue` in one step.
+``workers`` threads take keys from the queue and call the table's
+:class:`~dfpubsub.reconciler.Reconciler` with the cache's current state; a key
+is never with two workers at once, changes arriving meanwhile collapse into
+one more reconcile, and a failure is retried with per-key exponential backoff
+under an overall token bucket. After ``max_retries`` failures a key moves to
+the failed set until its next change or the next periodic re-delivery
+(``resync_period``), which hands every cached key to the reconcilers again.
 """
 
 from __future__ import annotations
@@ -14,49 +21,84 @@ import logging
 import random
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .api import SubscriberTransport
 from .cache import Change, VersionedCache
+from .config import ControllerSettings
 from .events import Action, Event, VersionedObject
+from .indexer import IndexFunc, Indexer, Lister
+from .logs import RateLimitedLog
 from .metrics import Stats
+from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
+from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
 from .store import Store
 from .subscriber import Subscriber, SubscriberOptions
 from .tracker import ResyncRequest
+from .workqueue import WorkQueue
 
-__all__ = ["TableHandler", "Controller", "Bootstrap"]
+__all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap"]
 
 log = logging.getLogger(__name__)
-
-
-class TableHandler(Protocol):
-    """What a controller does when an object of one table changes."""
-
-    def on_create(self, obj: VersionedObject) -> None:
-        """A new object (or one the cache did not have)."""
-
-    def on_update(self, obj: VersionedObject, previous: VersionedObject) -> None:
-        """A newer version of a cached object."""
-
-    def on_delete(self, previous: VersionedObject) -> None:
-        """The object is gone; ``previous`` is what the cache held."""
-
 
 #: A first sync from elsewhere than a full listing: (store, topics) -> the listing of those
 #: topics, or None to list the store (see dfpubsub.pipeline.bootstrap.SnapshotBootstrap).
 Bootstrap = Callable[[Store, set[str]], "list[VersionedObject] | None"]
 
+_Ident = tuple[str, str]  # (table, key): what the work queue holds
+
+
+@dataclass(slots=True)
+class ControllerOptions:
+    """Tuning of a controller's work queue and workers (see the ``[controller]`` config section)."""
+
+    workers: int = 2
+    #: Seconds between re-deliveries of every cached key to the reconcilers, jittered ±10% (0: never).
+    resync_period: float = 600.0
+    #: Failures of a key before it moves to the failed set (0: retry for ever).
+    max_retries: int = 0
+    queue_size: int = 65536
+    retry_base_delay: float = 0.005
+    retry_max_delay: float = 1000.0
+    retry_qps: float = 10.0
+    retry_burst: int = 100
+    #: ``synced`` waits for the work queue to drain once after the first full sync.
+    sync_drains_queue: bool = True
+
+    @classmethod
+    def from_settings(cls, s: ControllerSettings) -> "ControllerOptions":
+        """The work queue's and workers' share of ``[controller]``."""
+        return cls(s.workers, s.resync_period, s.max_retries, s.queue_size, s.retry_base_delay, s.retry_max_delay,
+                   s.retry_qps, s.retry_burst, s.sync_drains_queue)
+
+
+class FailedKey(NamedTuple):
+    """A key given up after ``max_retries``: its last error, and when (wall clock)."""
+
+    key: ObjectKey
+    error: str
+    failures: int
+    since: float
+
 
 class Controller:
-    """A cache of ``topics`` kept equal to ``store``, calling ``handlers`` per table.
+    """A cache of ``topics`` kept equal to ``store``, reconciled per table by workers.
 
-    ``reconcile_interval`` > 0 adds a periodic full reconcile (jittered by
-    ±10%), which also repairs a write whose publisher died before publishing.
-    ``on_gap`` observes every resync request; ``on_reconciled(topics, changes)``
-    is told what each resync found that the events had missed. ``bootstrap``
-    replaces the store listing of the first sync of each topic (from a
-    compacted snapshot, docs/pipeline.md); later resyncs list the store.
+    ``reconcilers`` maps a table to its :class:`~dfpubsub.reconciler.Reconciler`;
+    ``handlers`` maps a table to an edge-triggered ``TableHandler``, run through
+    :class:`~dfpubsub.reconciler.HandlerReconciler`. ``indexers`` declares
+    secondary indexes per table (``{"port": {"by_network": fn}}``), read
+    through :meth:`lister`. ``runtime`` sizes the work queue, the workers and
+    the retries. ``synced`` is set once the first full sync is in the cache
+    and (``sync_drains_queue``) reconciled. ``reconcile_interval`` > 0 adds a periodic store
+    reconcile (jittered by ±10%), which also repairs a write whose publisher
+    died before publishing. ``on_gap`` observes every resync request;
+    ``on_reconciled(topics, changes)`` is told what each resync found that the
+    events had missed. ``bootstrap`` replaces the store listing of the first
+    sync of each topic (from a compacted snapshot, docs/pipeline.md).
     """
 
     def __init__(
@@ -72,46 +114,79 @@ class Controller:
         on_gap: Callable[[ResyncRequest], None] | None = None,
         on_reconciled: Callable[[set[str], list[Change]], None] | None = None,
         bootstrap: Bootstrap | None = None,
+        *,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        indexers: Mapping[str, Mapping[str, IndexFunc]] | None = None,
+        runtime: ControllerOptions | None = None,
     ):
         self.store = store
         self.name = name
+        self.runtime = rt = runtime or ControllerOptions()
+        if rt.workers < 1:
+            raise ValueError("a controller needs at least one worker")
         self.handlers = dict(handlers or {})
+        self.reconcilers: dict[str, Reconciler] = {t: HandlerReconciler(h) for t, h in self.handlers.items()}
+        self.reconcilers.update(reconcilers or {})
         self.cache = VersionedCache(tombstone_horizon)
-        self.stats = Stats("controller", name)
+        self.indexers = {t: Indexer(t, funcs) for t, funcs in (indexers or {}).items()}
+        self.stats = stats = Stats("controller", name)
+        self.queue: WorkQueue[_Ident] = WorkQueue(
+            RateLimiter(ExponentialBackoff(rt.retry_base_delay, rt.retry_max_delay),
+                        TokenBucket(rt.retry_qps, rt.retry_burst)),
+            rt.queue_size, stats,
+        )
         self.reconcile_interval = reconcile_interval
         self.on_reconciled = on_reconciled
         self.bootstrap = bootstrap
         self._listed: set[str] = set()  # topics synced once: bootstrap no longer applies to them
+        # Final states of deleted keys until their delete is reconciled (for cleanup).
+        self._gone: dict[_Ident, VersionedObject] = {}
+        self._gone_lock = threading.Lock()
+        self._failed: dict[_Ident, FailedKey] = {}
+        stats.set("reconcile_failed_keys", lambda: len(self._failed))
+        self._badlog = RateLimitedLog(log)
+        self.synced = threading.Event()
+        self._pending: list[_Ident] = []  # keys changed by the envelope being applied
         self.subscriber = Subscriber(
-            transport, topics, self._on_event, self._on_resync, options, name, on_gap, self.stats
+            transport, topics, self._on_event, self._on_resync, options, name, on_gap, stats,
+            on_delivered=self._flush,
         )
         self._stop = threading.Event()
-        self._reconciler: threading.Thread | None = None
-
-    @property
-    def synced(self) -> threading.Event:
-        """Set once every topic was synced from the store."""
-        return self.subscriber.synced
+        self._threads: list[threading.Thread] = []
 
     def connect(self, uri: str) -> None:
         """Add a publisher endpoint."""
         self.subscriber.connect(uri)
 
+    def lister(self, table: str) -> Lister:
+        """Read-only access to ``table`` in the cache and its indexes."""
+        return Lister(self.cache, table, self.indexers.get(table), self._last_known)
+
+    def failed(self) -> list[FailedKey]:
+        """Keys given up after ``max_retries`` failures, until a reconcile of theirs succeeds (after
+        their next change or at the next re-delivery)."""
+        return sorted(self._failed.values())
+
     def start(self) -> "Controller":
         """Subscribe and start syncing; returns at once (see :attr:`synced`)."""
+        self._threads = [
+            threading.Thread(target=self._work_loop, name=f"dfpubsub-reconcile-{self.name}-{i}", daemon=True)
+            for i in range(self.runtime.workers)
+        ]
+        self._threads.append(threading.Thread(target=self._timer_loop, name=f"dfpubsub-timer-{self.name}",
+                                              daemon=True))
+        for t in self._threads:
+            t.start()
         self.subscriber.start()
-        if self.reconcile_interval > 0:
-            self._reconciler = threading.Thread(target=self._reconcile_loop, name=f"dfpubsub-reconcile-{self.name}",
-                                                daemon=True)
-            self._reconciler.start()
         return self
 
     def stop(self) -> None:
-        """Stop receiving and reconciling."""
+        """Stop receiving; workers finish the key they hold and exit."""
         self._stop.set()
+        self.queue.shutdown()  # first: a dispatch thread blocked on a full queue returns
         self.subscriber.close()
-        if self._reconciler is not None:
-            self._reconciler.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
 
     def run_forever(self) -> None:
         """Start, then block until SIGTERM or SIGINT; stop cleanly."""
@@ -122,19 +197,42 @@ class Controller:
         log.info("controller stopping", extra={"controller": self.name})
         self.stop()
 
-    # -- called on the subscriber's dispatch thread -------------------------------
+    def redeliver(self) -> int:
+        """Hand every cached key (and every pending delete) to the reconcilers again; return how many."""
+        tables = self.reconcilers
+        with self._gone_lock:
+            keys = list(self._gone)
+        keys += [(o.table, o.key) for o in self.cache.items() if o.table in tables]
+        keys += list(self._failed)
+        add = self.queue.add
+        for ident in keys:
+            add(ident)
+        self.stats.inc("redeliveries", len(keys))
+        return len(keys)
+
+    # -- the dispatch thread: cache, indexes, queue ----------------------------------------
 
     def _on_event(self, event: Event) -> None:
-        previous = self.cache.get(event.table, event.key)
+        table = event.table
+        indexer = self.indexers.get(table)
+        if event.action is Action.DELETE:
+            previous = self.cache.get(table, event.key)
+            if not self.cache.apply(event):
+                self.stats.inc("stale_events")
+                return
+            if previous is not None:
+                self._changed(table, event.key, None, previous, indexer)
+            return
         if not self.cache.apply(event):
             self.stats.inc("stale_events")
             return
-        if event.action is Action.DELETE:
-            if previous is not None:
-                self._dispatch(Action.DELETE, previous, None)
-            return
-        obj = VersionedObject(event.topic, event.table, event.key, event.version, event.value)
-        self._dispatch(Action.CREATE if previous is None else Action.UPDATE, obj, previous)
+        if indexer is not None:
+            indexer.update(event.key, self.cache.get(table, event.key))
+        if table in self.reconcilers:
+            ident = (table, event.key)
+            if self._gone:
+                self._forget_gone(ident)
+            self._pending.append(ident)
 
     def _list(self, topics: set[str]) -> list[VersionedObject]:
         """The source of truth for ``topics``: the bootstrap for those never synced, else the store."""
@@ -150,37 +248,127 @@ class Controller:
     def _on_resync(self, topics: set[str]) -> None:
         truth = self._list(topics)
         changes = self.cache.reconcile(topics, truth)
-        handlers = self.handlers
+        reconcilers, indexers = self.reconcilers, self.indexers
         for ch in changes:
-            if ch.table not in handlers:
+            if ch.table not in reconcilers and ch.table not in indexers:
                 continue
-            obj = VersionedObject(ch.topic, ch.table, ch.key, ch.version, ch.value)
-            if ch.action is Action.DELETE:
-                self._dispatch(Action.DELETE, ch.previous or obj, None)
-            else:
-                self._dispatch(ch.action, obj, ch.previous)
+            obj = None if ch.action is Action.DELETE else VersionedObject(ch.topic, ch.table, ch.key, ch.version,
+                                                                          ch.value)
+            self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table))
+        self._flush()
         self.stats.inc("resync_changes", len(changes))
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)
         log.info("resynced", extra={"controller": self.name, "topics": sorted(topics),
                                     "objects": len(truth), "changes": len(changes)})
 
-    def _dispatch(self, action: Action, obj: VersionedObject, previous: VersionedObject | None) -> None:
-        handler = self.handlers.get(obj.table)
-        if handler is None:
+    def _changed(self, table: str, key: str, obj: VersionedObject | None, previous: VersionedObject | None,
+                 indexer: Indexer | None) -> None:
+        """The cache changed ``key`` from ``previous`` to ``obj`` (None: deleted): index and queue it."""
+        if indexer is not None:
+            indexer.update(key, obj)
+        if table not in self.reconcilers:
             return
-        try:
-            if action is Action.CREATE:
-                handler.on_create(obj)
-            elif action is Action.UPDATE and previous is not None:
-                handler.on_update(obj, previous)
-            else:
-                handler.on_delete(obj)
-        except Exception:  # a handler is user code: log it and keep the daemon alive
-            self.stats.inc("handler_errors")
-            log.exception("table handler failed", extra={"table": obj.table, "key": obj.key})
+        ident = (table, key)
+        if obj is None and previous is not None:
+            with self._gone_lock:
+                self._gone[ident] = previous
+        elif self._gone:
+            self._forget_gone(ident)
+        self._pending.append(ident)
 
-    def _reconcile_loop(self) -> None:
-        rng = random.Random()
-        while not self._stop.wait(self.reconcile_interval * rng.uniform(0.9, 1.1)):
-            self.subscriber.request_resync(self.subscriber.topics, reason="periodic")
+    def _flush(self) -> None:
+        """Queue the keys the last envelope (or resync) changed: one lock and one wake-up for all."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self.queue.add_many(pending)
+
+    def _forget_gone(self, ident: _Ident, only: VersionedObject | None = None) -> None:
+        with self._gone_lock:
+            if only is None or self._gone.get(ident) is only:
+                self._gone.pop(ident, None)
+
+    def _last_known(self, table: str, key: str) -> VersionedObject | None:
+        return self._gone.get((table, key))
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def _work_loop(self) -> None:
+        queue = self.queue
+        ident = queue.get()
+        while ident is not None:
+            try:
+                self._reconcile(ident)
+            except Exception:  # a bug here must not cost a worker: log it and retry the key
+                log.exception("controller worker failed", extra={"controller": self.name, "key": list(ident)})
+                queue.add_rate_limited(ident)
+            ident = queue.done_and_get(ident)
+
+    def _reconcile(self, ident: _Ident) -> None:
+        table, key = ident
+        obj = self.cache.get(table, key)
+        last = self._gone.get(ident) if obj is None else None
+        queue, stats = self.queue, self.stats
+        try:
+            result: Result | None = self.reconcilers[table].reconcile(ObjectKey(table, key), obj)
+        except Exception as exc:  # user code: retry with backoff, never kill the worker
+            self._failure(ident, exc)
+            return
+        if result is None or not (result.requeue or result.requeue_after > 0):
+            stats.inc("reconciles", reason="done")
+            queue.forget(ident)
+            if self._failed:
+                self._failed.pop(ident, None)
+            if last is not None:
+                self._forget_gone(ident, only=last)
+        elif result.requeue_after > 0:
+            stats.inc("reconciles", reason="requeue")
+            queue.forget(ident)
+            queue.add_after(ident, result.requeue_after)
+        else:
+            stats.inc("reconciles", reason="requeue")
+            queue.add_rate_limited(ident)
+
+    def _failure(self, ident: _Ident, exc: Exception) -> None:
+        self.stats.inc("reconciles", reason="error")
+        failures = self.queue.retries(ident) + 1
+        limit = self.runtime.max_retries
+        if limit and failures > limit:
+            self.queue.forget(ident)
+            self._failed[ident] = FailedKey(ObjectKey(*ident), repr(exc), failures, time.time())
+            self.stats.inc("reconcile_failed")
+            log.error("reconcile failed %d times; key given up until its next change or resync", failures,
+                      extra={"controller": self.name, "table": ident[0], "key": ident[1], "error": repr(exc)})
+            return
+        self._badlog.warning(ident[0], "reconcile failed; retrying with backoff", controller=self.name,
+                             table=ident[0], key=ident[1], failures=failures, error=repr(exc))
+        self.queue.add_rate_limited(ident)
+
+    # -- timers -----------------------------------------------------------------------------
+
+    def _timer_loop(self) -> None:
+        """Sets ``synced``, then re-delivers every ``resync_period`` and reconciles every ``reconcile_interval``."""
+        rt, stop, rng = self.runtime, self._stop, random.Random()
+
+        def jittered(period: float) -> float:
+            return time.monotonic() + period * rng.uniform(0.9, 1.1) if period > 0 else float("inf")
+
+        next_reconcile = jittered(self.reconcile_interval)
+        while not self.synced.is_set() and not stop.is_set():
+            if self.subscriber.synced.wait(0.1) and (not rt.sync_drains_queue or self.queue.wait_idle(0.1)):
+                self.synced.set()
+                log.info("controller synced", extra={"controller": self.name, "objects": len(self.cache)})
+            if time.monotonic() >= next_reconcile:
+                self.subscriber.request_resync(self.subscriber.topics, reason="periodic")
+                next_reconcile = jittered(self.reconcile_interval)
+        next_redeliver = jittered(rt.resync_period)
+        while not stop.wait(min(max(0.0, min(next_redeliver, next_reconcile) - time.monotonic()), 3600.0)):
+            now = time.monotonic()
+            if now >= next_redeliver:
+                n = self.redeliver()
+                log.info("re-delivered every cached key", extra={"controller": self.name, "keys": n,
+                                                                 "failed": len(self._failed)})
+                next_redeliver = jittered(rt.resync_period)
+            if now >= next_reconcile:
+                self.subscriber.request_resync(self.subscriber.topics, reason="periodic")
+                next_reconcile = jittered(self.reconcile_interval)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prometheus_client import Metric
 
-__all__ = ["COUNTERS", "GAUGES", "ROLE_COUNTERS", "Stats", "register_collector", "start_metrics_server"]
+__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "ROLE_COUNTERS", "Histogram", "Stats", "register_collector",
+           "start_metrics_server"]
 
 _live: "weakref.WeakSet[Stats]" = weakref.WeakSet()
 _registered = False
@@ -47,12 +49,23 @@ COUNTERS: dict[str, str] = {
     "notifications_enqueued": "Persistent notifications a writer committed to their queues.",
     "notifications_refused": "Writes refused because a notification queue was full (QueueFull), by topic.",
     "notifications_lost": "Writes that stand but whose notification could not be committed, by reason.",
+    "workqueue_adds": "Keys added to a controller's work queue (a key already queued counts once).",
+    "workqueue_retries": "Keys put back on a controller's work queue after a failure or a requeue.",
+    "workqueue_full": "Adds that waited because a controller's work queue was full.",
+    "reconciles": "Reconciles run, by outcome (done, requeue, error).",
+    "reconcile_failed": "Keys moved to the failed set after max_retries failures.",
+    "redeliveries": "Cached keys handed to the reconcilers again by the periodic resync.",
 }
 
-#: Help strings of every gauge; the exported name is ``dfpubsub_<name>``.
+#: Help strings of the gauges; the exported name is ``dfpubsub_<name>``.
 GAUGES: dict[str, str] = {
     "pending": "Notifications waiting in the shards a df-notify worker owns, per topic.",
     "shards_owned": "Shards of a topic whose lease this df-notify worker holds.",
+    "workqueue_depth": "Keys waiting in a controller's work queue.",
+    "workqueue_oldest_seconds": "Age of the oldest key waiting in a controller's work queue.",
+    "workqueue_delayed": "Keys waiting for their retry delay to pass.",
+    "workqueue_processing": "Keys being reconciled now.",
+    "reconcile_failed_keys": "Keys in a controller's failed set (given up until the next periodic resync).",
 }
 
 #: Counters a component of each role shows from its start, at zero until they move, so a
@@ -61,30 +74,81 @@ ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
     "publisher": ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops"),
     "subscriber": ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled",
                    "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors"),
-    "controller": ("handler_errors",),
+    "controller": ("handler_errors", "workqueue_adds", "workqueue_retries", "reconciles", "reconcile_failed"),
     "relay": ("envelopes_in", "envelopes_out", "drops"),
     "archiver": ("events_archived", "segments_published", "segment_bytes", "journals_recovered"),
     "notifier": ("notifications_enqueued", "notifications_refused", "notifications_lost"),
 }
 
+#: Help strings of the histograms (seconds); exported as ``dfpubsub_<name>_seconds``.
+HISTOGRAMS: dict[str, str] = {
+    "workqueue_wait": "Seconds a key waited in a controller's work queue before a worker took it.",
+    "workqueue_work": "Seconds a worker held a key (its reconcile), from taking it to done.",
+}
+
+#: Upper bounds of the histogram buckets: 1-2.5-5 steps from 10 us to 1000 s.
+BUCKETS: tuple[float, ...] = tuple(m * 10.0 ** e for e in range(-5, 3) for m in (1, 2.5, 5)) + (1000.0,)
+
+
+class Histogram:
+    """Counts of observations per bucket of :data:`BUCKETS`, and their sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count one observation (not locked: a lost increment under a race is tolerable)."""
+        self.counts[bisect_left(BUCKETS, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding the ``q`` quantile (inf past the last bound, 0 when empty)."""
+        counts = list(self.counts)
+        rank, seen = q * sum(counts), 0
+        for i, c in enumerate(counts):
+            seen += c
+            if c and seen >= rank:
+                return BUCKETS[i] if i < len(BUCKETS) else float("inf")
+        return 0.0
+
 
 class Stats:
     """Named counters of one component, optionally split by a ``reason`` label."""
 
-    __slots__ = ("role", "name", "counts", "levels", "__weakref__")
+    __slots__ = ("role", "name", "counts", "levels", "histograms", "__weakref__")
 
     def __init__(self, role: str, name: str):
         self.role = role
         self.name = name
         self.counts: dict[tuple[str, str], int] = {}
-        self.levels: dict[str, float] = {}
+        self.levels: dict[str, float | Callable[[], float]] = {}
+        self.histograms: dict[str, Histogram] = {}
         for counter in ROLE_COUNTERS.get(role, ()):
             self.counts[(counter, "")] = 0
         _live.add(self)
 
-    def set(self, gauge: str, value: float) -> None:
-        """Set a gauge (exported as ``dfpubsub_<gauge>``)."""
+    def set(self, gauge: str, value: float | Callable[[], float]) -> None:
+        """Set a gauge (exported as ``dfpubsub_<gauge>``); a callable is read at every scrape."""
         self.levels[gauge] = value
+
+    def level(self, gauge: str) -> float:
+        """Current value of a gauge (0 when never set)."""
+        value = self.levels.get(gauge, 0.0)
+        return value() if callable(value) else value
+
+    def histogram(self, name: str) -> Histogram:
+        """The histogram ``name`` (exported as ``dfpubsub_<name>_seconds``), made on first use."""
+        hist = self.histograms.get(name)
+        if hist is None:
+            hist = self.histograms[name] = Histogram()
+        return hist
 
     def inc(self, counter: str, n: int = 1, reason: str = "") -> None:
         """Add ``n`` to ``counter`` (with an optional ``reason`` label)."""
@@ -111,7 +175,7 @@ class _Collector:
     """
 
     def collect(self) -> Iterator["Metric"]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         live = list(_live)
         samples: dict[str, list[tuple[str, str, str, int]]] = {}
@@ -129,14 +193,27 @@ class _Collector:
                     fam.add_metric([role, name, reason], value)
             yield fam
         gauges: dict[str, GaugeMetricFamily] = {}
+        hists: dict[str, HistogramMetricFamily] = {}
         for stats in live:
-            for gauge, level in list(stats.levels.items()):
+            for gauge in list(stats.levels):
                 gfam = gauges.get(gauge)
                 if gfam is None:
                     gfam = gauges[gauge] = GaugeMetricFamily(f"dfpubsub_{gauge}", GAUGES.get(gauge, gauge),
                                                              labels=["role", "name"])
-                gfam.add_metric([stats.role, stats.name], level)
+                gfam.add_metric([stats.role, stats.name], stats.level(gauge))
+            for name, hist in list(stats.histograms.items()):
+                hfam = hists.get(name)
+                if hfam is None:
+                    hfam = hists[name] = HistogramMetricFamily(f"dfpubsub_{name}_seconds", HISTOGRAMS.get(name, name),
+                                                               labels=["role", "name"])
+                counts, running = list(hist.counts), 0
+                buckets = []
+                for bound, c in zip((*(str(b) for b in BUCKETS), "+Inf"), counts):
+                    running += c
+                    buckets.append((bound, running))
+                hfam.add_metric([stats.role, stats.name], buckets, hist.sum)
         yield from gauges.values()
+        yield from hists.values()
 
 
 def register_collector() -> None:

@@ -65,8 +65,10 @@ class Subscriber:
     ``on_resync(topics)`` is called (on the dispatch thread) when the topics
     must be reconciled against the source of truth; without it, lost messages
     are only counted. ``on_gap(request)`` observes every resync request as it
-    is made (on the receive thread; keep it quick). ``stats`` may be shared
-    with the transport so that its drops count here too.
+    is made (on the receive thread; keep it quick). ``on_delivered()`` is
+    called on the dispatch thread after the events of each envelope were
+    handled (to act on them as a batch). ``stats`` may be shared with the
+    transport so that its drops count here too.
     """
 
     def __init__(
@@ -79,6 +81,8 @@ class Subscriber:
         name: str = "subscriber",
         on_gap: Callable[[ResyncRequest], None] | None = None,
         stats: Stats | None = None,
+        *,
+        on_delivered: Callable[[], None] | None = None,
     ):
         self.transport = transport
         self.options = opts = options or SubscriberOptions()
@@ -87,6 +91,7 @@ class Subscriber:
         self.on_event = on_event
         self.on_resync = on_resync
         self.on_gap = on_gap
+        self.on_delivered = on_delivered
         self._topics: frozenset[str] = frozenset(validate_topic(t) for t in topics)
         self.tracker = SequenceTracker(
             self._topics, opts.message_delay_window, self.stats, opts.max_held, opts.dead_after_idles,
@@ -310,6 +315,8 @@ class Subscriber:
                                      topic=event.topic, key=event.key, error=repr(exc))
                 self._request(ResyncRequest(event.topic, "handler_error", event.publisher_id))
         self.stats.inc("events_in", len(events))
+        if self.on_delivered is not None:
+            self.on_delivered()
 
     def _maybe_resync(self) -> None:
         if self.on_resync is None:

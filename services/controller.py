@@ -2,10 +2,11 @@
 
 It is the informer pattern end to end: subscribe to the configured topics on
 the configured driver, full-sync from the configured store, apply events, and
-resync whatever a gap, a dead publisher or an overflow says was missed. With
-``--controller.discover true`` it also connects to the publishers listed in the
-discovery table as they come and go. Each
-create, update and delete is logged as one JSON line. SIGTERM stops it
+resync whatever a gap, a dead publisher or an overflow says was missed; every
+changed key goes through the work queue to ``[controller] workers`` reconciler
+threads. With ``--controller.discover true`` it also connects to the publishers
+listed in the discovery table as they come and go. Each reconcile (the key's
+newest state, or its deletion) is logged as one JSON line. SIGTERM stops it
 cleanly; ``--metrics.port`` serves Prometheus counters.
 """
 
@@ -17,7 +18,7 @@ import socket
 import sys
 
 from dfpubsub.config import parse_settings
-from dfpubsub.controller import Controller
+from dfpubsub.controller import Controller, ControllerOptions
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import VersionedObject
@@ -26,25 +27,25 @@ from dfpubsub.logs import setup_logging
 from dfpubsub.metrics import Stats, start_metrics_server
 from dfpubsub.nbapi import open_store_from_settings
 from dfpubsub.pipeline.bootstrap import SnapshotBootstrap
+from dfpubsub.reconciler import ObjectKey
 
 log = logging.getLogger("df-controller")
 
 
-class LoggingHandler:
-    """Logs every change of one table."""
+class LoggingReconciler:
+    """Logs the state each key is reconciled to (what a real controller would program), and for a
+    deleted key the final state it had (what a real controller would clean up)."""
 
-    def __init__(self, table: str):
-        self.table = table
+    def __init__(self) -> None:
+        self.controller: Controller | None = None
 
-    def on_create(self, obj: VersionedObject) -> None:
-        log.info("create", extra={"table": obj.table, "key": obj.key, "version": obj.version, "topic": obj.topic})
-
-    def on_update(self, obj: VersionedObject, previous: VersionedObject) -> None:
-        log.info("update", extra={"table": obj.table, "key": obj.key, "version": obj.version,
-                                  "previous_version": previous.version})
-
-    def on_delete(self, previous: VersionedObject) -> None:
-        log.info("delete", extra={"table": previous.table, "key": previous.key, "version": previous.version})
+    def reconcile(self, key: ObjectKey, obj: VersionedObject | None) -> None:
+        if obj is not None:
+            log.info("reconcile", extra={"table": obj.table, "key": obj.key, "version": obj.version,
+                                         "topic": obj.topic})
+            return
+        last = self.controller.lister(key.table).last_known(key.key) if self.controller is not None else None
+        log.info("delete", extra={"table": key.table, "key": key.key, "version": last.version if last else None})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,12 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     except DfPubSubError as exc:
         log.error("cannot start", extra={"error": str(exc)})
         return 1
+    reconciler = LoggingReconciler()
     controller = Controller(
-        store, transport, topics, {t: LoggingHandler(t) for t in settings.store.tables},
-        subscriber_options(settings.pubsub), name, settings.controller.reconcile_interval,
-        settings.cache.tombstone_horizon,
+        store, transport, topics, None, subscriber_options(settings.pubsub), name,
+        settings.controller.reconcile_interval, settings.cache.tombstone_horizon,
         bootstrap=SnapshotBootstrap(settings.controller.bootstrap) if settings.controller.bootstrap else None,
+        reconcilers={t: reconciler for t in settings.store.tables},
+        runtime=ControllerOptions.from_settings(settings.controller),
     )
+    reconciler.controller = controller
     discovery = connector = None
     if settings.controller.discover:
         try:

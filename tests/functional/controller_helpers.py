@@ -1,9 +1,9 @@
-"""A controller whose handlers mirror the store, and the check that it converged."""
+"""A controller whose handlers and reconcilers mirror the store, and the check that it converged."""
 
 import threading
 
 from dfpubsub import SubscriberOptions, load_driver
-from dfpubsub.controller import Controller
+from dfpubsub.controller import Controller, ControllerOptions
 from dfpubsub.errors import StoreUnavailable
 from dfpubsub.metrics import Stats
 
@@ -32,6 +32,36 @@ class Mirror:
             del self.objects[previous.key]
 
 
+class Seen:
+    """A reconciler that keeps what it last saw per key, and fails the test if a key runs twice at once."""
+
+    def __init__(self):
+        self.objects = {}
+        self.calls = {}
+        self.active = {}
+        self.overlaps = 0
+        self.lock = threading.Lock()
+
+    def reconcile(self, key, obj):
+        with self.lock:
+            self.calls[key.key] = self.calls.get(key.key, 0) + 1
+            self.active[key.key] = self.active.get(key.key, 0) + 1
+            self.overlaps += self.active[key.key] > 1
+        try:
+            self.act(key, obj)
+            with self.lock:
+                if obj is None:
+                    self.objects.pop(key.key, None)
+                else:
+                    self.objects[key.key] = obj
+        finally:
+            with self.lock:
+                self.active[key.key] -= 1
+
+    def act(self, key, obj):
+        """What the reconcile does besides recording (raise, block...): nothing here."""
+
+
 def snapshot(objs):
     return {(o.table, o.key): (o.version, o.value) for o in objs}
 
@@ -40,11 +70,13 @@ class Node:
     """A controller on ZeroMQ connected to ``endpoint``; ``gaps`` collects its resync requests."""
 
     def __init__(self, store, endpoint):
-        self.mirrors = {t: Mirror() for t in TABLES}
+        self.mirrors = {"port": Mirror()}  # the handler protocol on one table...
+        self.seen = Seen()  # ...a plain reconciler on the other
         self.gaps = []
         self.ctrl = Controller(store, load_driver("zmq").subscriber(Stats("s", "s")), TABLES, self.mirrors,
                                SubscriberOptions(message_delay_window=0.2, max_idle_time=0.5),
-                               on_gap=self.gaps.append)
+                               on_gap=self.gaps.append, reconcilers={"network": self.seen},
+                               runtime=ControllerOptions(workers=4))
         self.ctrl.connect(endpoint)
         self.ctrl.start()
 
@@ -53,5 +85,6 @@ class Node:
             truth = snapshot(store.list())
         except StoreUnavailable:
             return False
-        mirrored = snapshot(o for m in self.mirrors.values() for o in m.objects.values())
+        mirrored = snapshot([*self.mirrors["port"].objects.values(), *self.seen.objects.values()])
+        assert self.seen.overlaps == 0, "a key was reconciled by two workers at once"
         return snapshot(self.ctrl.cache.items()) == truth == mirrored

@@ -52,3 +52,21 @@ def test_rate_limited_log_says_how_much_it_suppressed(caplog):
         for _ in range(5):
             rl.warning("k", "bad frame", key="v")
     assert len(caplog.records) == 1 and caplog.records[0].suppressed == 0 and caplog.records[0].key == "v"
+
+
+def test_gauges_read_at_scrape_time_and_histograms_are_exported():
+    register_collector()
+    stats = Stats("controller", "gauge-test")
+    depth = [3]
+    stats.set("workqueue_depth", lambda: depth[0])
+    stats.set("reconcile_failed_keys", 1)
+    hist = stats.histogram("workqueue_wait")
+    for v in (0.00001, 0.002, 0.002, 7.0):
+        hist.observe(v)
+    depth[0] = 4
+    text = generate_latest(REGISTRY).decode()
+    assert 'dfpubsub_workqueue_depth{name="gauge-test",role="controller"} 4.0' in text
+    assert 'dfpubsub_reconcile_failed_keys{name="gauge-test",role="controller"} 1.0' in text
+    assert 'dfpubsub_workqueue_wait_seconds_bucket{le="0.0025",name="gauge-test",role="controller"} 3.0' in text
+    assert 'dfpubsub_workqueue_wait_seconds_count{name="gauge-test",role="controller"} 4.0' in text
+    assert hist.quantile(0.5) == 0.0025 and hist.quantile(0.99) == 10.0 and stats.level("workqueue_depth") == 4
