@@ -24,7 +24,6 @@ EXTRA_OF: dict[str, str] = {
     "aiohttp": "notify",
     "aio_pika": "notify",
     "aiormq": "notify",
-    "tenacity": "notify",
     "typer": "cli",
     "rich": "cli",
     "pyspark": "spark",
