@@ -5,7 +5,7 @@ document) and its expected outcome is written by hand from the specification,
 never computed by the reference decoder: tests/unit/test_protocol_vectors.py
 then checks the reference against the file, and that the file is what this
 script writes. Another implementation runs the same file (format in the
-file's ``format`` member and in docs/protocol.md §9).
+file's ``format`` member and in docs/protocol.md §11).
 
     python -m dfpubsub.tools.protocol_vectors [PATH]
 """
@@ -68,7 +68,8 @@ def event_frame(*, v: Any = 1, kind: Any = "event", pub: Any = PID, name: Any = 
 
 def hello_frame(*, seqs: Any = None, reason: Any = "welcome", max_idle: Any = 5.0, host: Any = "node-1",
                 pub: Any = PID, extra: tuple = (), drop: tuple = (), kind: str = "hello") -> Raw:
-    fields = [("v", 1), ("kind", kind), ("pub", pub), ("name", "api-0"), ("sent_at", f64(1700000001.0)),
+    sent_at = 1700000002.0 if kind == "bye" else 1700000001.0
+    fields = [("v", 1), ("kind", kind), ("pub", pub), ("name", "api-0"), ("sent_at", f64(sent_at)),
               ("seqs", fmap(("port", 8)) if seqs is None else seqs), ("reason", reason),
               ("max_idle", f64(max_idle) if type(max_idle) is float else max_idle), ("host", host)]
     if kind == "bye":
@@ -96,7 +97,7 @@ def hello_json(*, seqs: dict | None = None, reason: str = "welcome", max_idle: f
 
 
 def bye_json(seqs: dict | None = None) -> dict[str, Any]:
-    return {"kind": "bye", "pub": PID, "name": "api-0", "sent_at": 1700000001.0,
+    return {"kind": "bye", "pub": PID, "name": "api-0", "sent_at": 1700000002.0,
             "seqs": {"port": 8} if seqs is None else seqs}
 
 
@@ -133,7 +134,7 @@ def vectors() -> list[dict[str, Any]]:
         # --- valid frames -------------------------------------------------------------------------
         ok("example_event", example, batch_json(events=[e1, e2]), "the worked example of §5.1"),
         ok("example_hello", hello_frame(), hello_json(), "the worked example of §5.2"),
-        ok("example_bye", hello_frame(kind="bye", seqs=fmap(("port", 8))), bye_json(), "a bye like §5.3"),
+        ok("example_bye", hello_frame(kind="bye", seqs=fmap(("port", 8))), bye_json(), "the worked example of §5.3"),
         ok("key_order_is_free",
            fmap(("events", farr(ev())), ("seq", 7), ("topic", "port"), ("sent_at", f64(1700000000.75)),
                 ("name", "api-0"), ("pub", PID), ("kind", "event"), ("v", 1)),

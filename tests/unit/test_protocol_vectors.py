@@ -12,6 +12,7 @@ written there by hand, from docs/protocol.md, not derived from the decoder.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -35,6 +36,14 @@ _CHAIN = 32
 
 def test_the_file_is_what_the_generator_writes():
     assert PATH.read_text(encoding="utf-8") == render()
+
+
+def test_the_worked_examples_of_the_document_are_vectors():
+    doc = (PATH.parent / "protocol.md").read_text(encoding="utf-8")
+    dumps = re.findall(r"### 5\.\d[^\n]*\n\n```\n(.*?)```", doc, re.S)
+    frames = ["".join("".join(line.split()[1:]) for line in d.strip().splitlines()) for d in dumps]
+    hexes = {v["name"]: v["hex"] for v in DOC["vectors"]}
+    assert frames == [hexes["example_event"], hexes["example_hello"], hexes["example_bye"]]
 
 
 def test_names_are_unique_and_every_outcome_is_covered():
