@@ -246,3 +246,25 @@ def test_header_decode_takes_memoryviews_of_every_kind():
     with pytest.raises(DecodeError) as err:
         decode_header(memoryview(frame[:-2]))
     assert err.value.reason == "truncated"
+
+
+def test_a_hello_too_large_is_split_in_parts_marked_more_but_the_last():
+    from dfpubsub.codec import hello_parts
+
+    seqs = {f"topic-{i:04d}-" + "x" * 200: i + 1 for i in range(40)}
+    hello = Hello("pid", "name", 1.0, seqs, "welcome", 5.0, "host")
+    assert hello_parts(hello, 1 << 20) == [hello]
+    parts = hello_parts(hello, 4096)
+    assert len(parts) > 2
+    assert [p.more for p in parts] == [True] * (len(parts) - 1) + [False]
+    merged = {}
+    for part in parts:
+        frame = encode_hello(part)
+        assert len(frame) <= 4096
+        back = decode(frame)
+        assert back == part and not (set(back.seqs) & set(merged))
+        assert (back.reason, back.max_idle_time, back.host, back.sent_at) == ("welcome", 5.0, "host", 1.0)
+        merged.update(back.seqs)
+    assert merged == seqs
+    # A whole hello is encoded without the key; a part with it.
+    assert b"more" not in encode_hello(parts[-1]) and b"\xa4more\xc3" in encode_hello(parts[0])

@@ -20,13 +20,14 @@ from unittest import mock
 import msgpack
 import pytest
 
-from dfpubsub import codec
+from dfpubsub import Subscriber, SubscriberOptions, codec, load_driver
 from dfpubsub.codec import decode, decode_events, decode_header
 from dfpubsub.errors import DecodeError
-from dfpubsub.events import Bye, EventBatch, Hello
+from dfpubsub.events import CONTROL_TOPIC, Bye, EventBatch, Hello
 from dfpubsub.metrics import Stats
 from dfpubsub.tools.protocol_vectors import render
 from dfpubsub.tracker import SequenceTracker
+from tests.conftest import wait_for
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "protocol-vectors.json"
 DOC = json.loads(PATH.read_text(encoding="utf-8"))
@@ -183,3 +184,29 @@ def test_scenario(sc):
     delivered, resyncs = run_scenario(sc)
     assert delivered == sc["delivered"]
     assert resyncs == sc["resyncs"]
+
+
+@pytest.mark.parametrize("name", ["bad_event_is_repaired_at_once_without_a_gap", "split_hello_at_first_contact",
+                                  "foreign_topic_changes_nothing", "duplicates_and_reorder_within_the_window"])
+def test_the_subscriber_does_what_the_scenario_says(name):
+    """The real Subscriber (threads, stage 2 at delivery) on the in-process bus, frames sent as they are."""
+    sc = next(s for s in DOC["scenarios"] if s["name"] == name)
+    driver = load_driver(f"memory://vectors-{name}")
+    delivered: list = []
+    requests: list = []
+    sub = Subscriber(driver.subscriber(Stats("s", name)), DOC["subscriber"]["topics"],
+                     lambda e: delivered.append([e.publisher_id, e.topic, e.seq]),
+                     on_gap=requests.append, options=SubscriberOptions(initial_sync=False))
+    with sub:
+        send = driver.publisher(Stats("p", name)).send
+        for step in sc["steps"]:
+            if "hex" in step:
+                frame = bytes.fromhex(step["hex"])
+                env = decode_header(frame)
+                send(env.topic if type(env) is EventBatch else CONTROL_TOPIC, frame)
+        expected = [r for r in sc["resyncs"] if r[1] != "gap_expired"]
+        wait_for(lambda: len(delivered) >= len(sc["delivered"]) and len(requests) >= len(expected), 5)
+        # No gap is left open, so no gap can expire later.
+        wait_for(lambda: sub.tracker.next_deadline() is None, 5)
+    assert delivered == sc["delivered"]
+    assert [[r.topic, r.reason, r.publisher_id, list(r.missing) if r.missing else None] for r in requests] == expected
