@@ -179,6 +179,9 @@ def vectors() -> list[dict[str, Any]]:
            event_frame(seq=MAX_SEQ - 1, events=farr(ev(), ev(key="p2"))),
            batch_json(seq=MAX_SEQ - 1, events=[event_json(), event_json(key="p2")]),
            "seq + n - 1 = 2^63 - 1"),
+        ok("largest_version", event_frame(events=farr(ev(version=2**64 - 1))),
+           batch_json(events=[event_json(version=2**64 - 1)])),
+        ok("hello_repeated_topic_last_wins", hello_frame(seqs=fmap(("port", 3), ("port", 8))), hello_json()),
         ok("largest_hello_sequence", hello_frame(seqs=fmap(("port", MAX_SEQ), ("new", 0))),
            hello_json(seqs={"port": MAX_SEQ, "new": 0})),
         ok("depth_1024", too_deep_ok, batch_json(events=[event_json(value=nested_json(1021))]),
@@ -274,7 +277,7 @@ def vectors() -> list[dict[str, Any]]:
 
 
 def _frame(kind: str, **kw: Any) -> str:
-    return (event_frame(**kw) if kind == "event" else hello_frame(**kw)).hex()
+    return (event_frame(**kw) if kind == "event" else hello_frame(kind=kind, **kw)).hex()
 
 
 def scenarios() -> list[dict[str, Any]]:
@@ -327,6 +330,19 @@ def scenarios() -> list[dict[str, Any]]:
          "steps": [{"at": 0.0, "hex": port(1, 2)}, {"at": 0.1, "hex": _frame("hello", seqs=fmap(("port", 3)))},
                    {"at": 0.7}],
          "delivered": [[PID, "port", 1], [PID, "port", 2]], "resyncs": [["port", "gap_expired", PID, [3, 3]]]},
+        {"name": "first_seen_mid_stream",
+         "note": "no hello yet: the first envelope starts the stream where it is, and what came before is resynced",
+         "steps": [{"at": 0.0, "hex": port(5)}, {"at": 0.1, "hex": port(6)}, {"at": 1.0}],
+         "delivered": [[PID, "port", 5], [PID, "port", 6]], "resyncs": [["port", "first_seen", PID, [1, 4]]]},
+        {"name": "bye_with_nothing_missing_forgets_quietly",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("bye", seqs=fmap(("port", 1)))},
+                   {"at": 100.0}],
+         "delivered": [[PID, "port", 1]], "resyncs": []},
+        {"name": "bye_reveals_loss",
+         "note": "the bye reports 3: a gap that expires, then the publisher is forgotten without publisher_lost",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("bye", seqs=fmap(("port", 3)))},
+                   {"at": 0.7}, {"at": 100.0}],
+         "delivered": [[PID, "port", 1]], "resyncs": [["port", "gap_expired", PID, [2, 3]]]},
         {"name": "duplicates_and_reorder_within_the_window",
          "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(3)}, {"at": 0.2, "hex": port(2)},
                    {"at": 0.3, "hex": port(1, 3)}, {"at": 1.0}],

@@ -187,7 +187,8 @@ def test_scenario(sc):
 
 
 @pytest.mark.parametrize("name", ["bad_event_is_repaired_at_once_without_a_gap", "split_hello_at_first_contact",
-                                  "foreign_topic_changes_nothing", "duplicates_and_reorder_within_the_window"])
+                                  "foreign_topic_changes_nothing", "duplicates_and_reorder_within_the_window",
+                                  "first_seen_mid_stream"])
 def test_the_subscriber_does_what_the_scenario_says(name):
     """The real Subscriber (threads, stage 2 at delivery) on the in-process bus, frames sent as they are."""
     sc = next(s for s in DOC["scenarios"] if s["name"] == name)
