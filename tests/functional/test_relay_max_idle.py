@@ -41,7 +41,8 @@ def test_relay_keeps_a_worker_without_idle_hellos_and_welcomes_with_its_max_idle
             return hellos
 
         wait_for(welcomed, what="a welcome for the quiet worker")
-        assert [(h.publisher_id, h.seqs, h.reason, h.max_idle_time) for h in hellos] == [("quiet", {"a": 5}, "welcome", 0.0)]
+        got = [(h.publisher_id, h.seqs, h.reason, h.max_idle_time) for h in hellos]
+        assert got == [("quiet", {"a": 5}, "welcome", 0.0)]
     finally:
         push.close()
         sub.close()
