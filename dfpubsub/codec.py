@@ -15,17 +15,18 @@ from typing import Any
 import msgpack
 
 from .errors import DecodeError, InvalidEvent
-from .events import ACTIONS, Bye, Envelope, Event, EventBatch, Hello
+from .events import ACTIONS, Action, Bye, Envelope, Event, EventBatch, Hello
 
 __all__ = [
     "SCHEMA_VERSION",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_SEQ",
     "pack_event",
     "BatchHeader",
     "encode_batch",
     "encode_hello",
     "encode_bye",
-    "hello_chunks",
+    "hello_parts",
     "decode",
     "decode_header",
     "decode_events",
@@ -34,8 +35,12 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+#: Largest sequence number, and largest last sequence of an envelope: a signed
+#: 64-bit integer holds every sequence in every language.
+MAX_SEQ = (1 << 63) - 1
 
 _packb = msgpack.packb
+_DELETE = Action.DELETE
 _EVENTS_KEY = _packb("events")
 
 
@@ -99,30 +104,37 @@ def encode_batch(header: BatchHeader, seq: int, sent_at: float, packed_events: l
 
 
 def encode_hello(hello: Hello) -> bytes:
-    """Encode a :class:`Hello` control envelope."""
-    return _packb(
-        {
-            "v": SCHEMA_VERSION, "kind": "hello", "pub": hello.publisher_id,
-            "name": hello.publisher_name, "sent_at": float(hello.sent_at),
-            "seqs": hello.seqs, "reason": hello.reason,
-            "max_idle": float(hello.max_idle_time), "host": hello.host,
-        }
-    )
+    """Encode a :class:`Hello` control envelope (``more`` only on a part that is not the last)."""
+    fields = {
+        "v": SCHEMA_VERSION, "kind": "hello", "pub": hello.publisher_id,
+        "name": hello.publisher_name, "sent_at": float(hello.sent_at),
+        "seqs": hello.seqs, "reason": hello.reason,
+        "max_idle": float(hello.max_idle_time), "host": hello.host,
+    }
+    if hello.more:
+        fields["more"] = True
+    return _packb(fields)
 
 
-def hello_chunks(seqs: dict[str, int], max_message_bytes: int) -> list[dict[str, int]]:
-    """Split the sequences of a hello so that no hello exceeds ``max_message_bytes``.
+def hello_parts(hello: Hello, max_message_bytes: int) -> list[Hello]:
+    """Split a hello so that no part exceeds ``max_message_bytes``; every part but the last says ``more``.
 
-    Subscribers take each topic of a hello on its own, so several hellos say
-    the same as one.
+    Subscribers take each topic of a hello on its own, so the parts say what
+    one hello would, except that only the last one tells that the listing is
+    complete (a subscribed topic absent from all of them has not been used).
     """
     # A topic costs at most 255 bytes of name and 9 of sequence, plus framing.
     per_topic = 270
     room = max(1, (max_message_bytes - 1024) // per_topic)
-    if len(seqs) <= room:
-        return [seqs]
-    items = list(seqs.items())
-    return [dict(items[i:i + room]) for i in range(0, len(items), room)]
+    if len(hello.seqs) <= room:
+        return [hello]
+    items = list(hello.seqs.items())
+    starts = range(0, len(items), room)
+    return [
+        Hello(hello.publisher_id, hello.publisher_name, hello.sent_at, dict(items[i:i + room]),
+              hello.reason, hello.max_idle_time, hello.host, more=i + room < len(items))
+        for i in starts
+    ]
 
 
 def encode_bye(bye: Bye) -> bytes:
@@ -149,7 +161,7 @@ def _field(obj: dict, name: str, types: tuple[type, ...]) -> Any:
 def _seqs(obj: dict) -> dict[str, int]:
     seqs = _field(obj, "seqs", (dict,))
     for topic, seq in seqs.items():
-        if type(topic) is not str or not topic or type(seq) is not int or seq < 0:
+        if type(topic) is not str or not topic or type(seq) is not int or not 0 <= seq <= MAX_SEQ:
             raise _malformed(f"bad sequence {seq!r} for topic {topic!r}")
     return seqs
 
@@ -206,17 +218,21 @@ def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check
     try:
         try:
             n = unpacker.read_map_header()
-        except ValueError as exc:
-            if data[:1] == b"\xc1":  # the one byte msgpack never uses
-                raise DecodeError("not_msgpack", "reserved byte 0xc1") from exc
-            raise _malformed("envelope must be a map") from exc
+        except ValueError:
+            # Not a map: decode it whole, so that the reason is the one the checks' order gives
+            # (broken msgpack or trailing bytes before "not a map").
+            decode(data, max_bytes)
+            raise AssertionError("decode accepted what is not a map") from None
         for i in range(n):
             key = unpacker.unpack()
             if key == "events":
                 try:
                     count = unpacker.read_array_header()
-                except ValueError as exc:
-                    raise _malformed("field 'events' must be an array") from exc
+                except ValueError:
+                    # Not an array: wrong in an event envelope, an unknown key in a hello or bye.
+                    unpacker.unpack()
+                    obj[key] = None
+                    continue
                 obj[key] = count
                 if not check_events and i == n - 1:
                     break
@@ -230,10 +246,19 @@ def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check
         raise _malformed("trailing bytes after the envelope")
     env = _envelope(obj, data)
     if type(env) is EventBatch:
-        env.count = _field(obj, "events", (int,))
-        if env.count < 1:
-            raise _malformed("an event envelope needs at least one event")
+        count = obj.get("events")
+        if type(count) is not int:
+            raise _malformed("field 'events' must be an array")
+        _check_count(env.seq, count)
+        env.count = count
     return env
+
+
+def _check_count(seq: int, count: int) -> None:
+    if count < 1:
+        raise _malformed("an event envelope needs at least one event")
+    if seq + count - 1 > MAX_SEQ:
+        raise _malformed(f"last sequence {seq + count - 1} above {MAX_SEQ}")
 
 
 # The head of every event envelope encode_batch makes, up to the publisher id.
@@ -307,7 +332,7 @@ def _event_header(data: bytes) -> tuple[EventBatch, int] | None:
             return None
     except (IndexError, KeyError, ValueError, struct.error):  # UnicodeDecodeError is a ValueError
         return None
-    if not pid or not topic or seq < 1 or count < 1:
+    if not pid or not topic or seq < 1 or count < 1 or seq + count - 1 > MAX_SEQ:
         return None
     return EventBatch(pid, name, topic, seq, sent_at, None, count, data), start
 
@@ -359,13 +384,16 @@ def _envelope(obj: dict, data: bytes) -> Envelope:
     if kind == "event":
         topic = _field(obj, "topic", (str,))
         seq = _field(obj, "seq", (int,))
-        if not topic or seq < 1:
-            raise _malformed("an event envelope needs a topic and seq >= 1")
+        if not topic or not 1 <= seq <= MAX_SEQ:
+            raise _malformed(f"an event envelope needs a topic and 1 <= seq <= {MAX_SEQ}")
         return EventBatch(pid, name, topic, seq, sent_at, None, 0, data)
     if kind == "hello":
+        more = obj.get("more", False)
+        if type(more) is not bool:
+            raise _malformed(f"field 'more' must be bool, got {type(more).__name__}")
         return Hello(
             pid, name, sent_at, _seqs(obj), _field(obj, "reason", (str,)),
-            float(_field(obj, "max_idle", (float, int))), _field(obj, "host", (str,)),
+            float(_field(obj, "max_idle", (float, int))), _field(obj, "host", (str,)), more,
         )
     if kind == "bye":
         return Bye(pid, name, sent_at, _seqs(obj))
@@ -373,8 +401,7 @@ def _envelope(obj: dict, data: bytes) -> Envelope:
 
 
 def _events(raw: list, topic: str, seq: int, pid: str, sent_at: float) -> list[Event]:
-    if not raw:
-        raise _malformed("an event envelope needs at least one event")
+    _check_count(seq, len(raw))
     events = []
     append = events.append
     actions = ACTIONS
@@ -392,7 +419,9 @@ def _events(raw: list, topic: str, seq: int, pid: str, sent_at: float) -> list[E
                 or type(ts) not in (float, int)
             ):
                 raise _malformed(f"bad event at seq {s}")
-            append(Event(topic, table, key, actions[action], version, value, ts, pid, s, sent_at))
+            act = actions[action]
+            # A delete has no value after it, whatever a publisher put there.
+            append(Event(topic, table, key, act, version, value if act is not _DELETE else None, ts, pid, s, sent_at))
             s += 1
     except (TypeError, ValueError, KeyError) as exc:
         # Not an array of six, or an unknown or unhashable action.

@@ -117,7 +117,10 @@ class Hello:
     """Heartbeat: the last sequence number sent on each topic the publisher used.
 
     ``reason`` is ``start``, ``idle`` or ``welcome`` (a new subscriber was seen).
-    ``max_idle_time`` lets subscribers tell a silent publisher from a dead one.
+    ``max_idle_time`` lets subscribers tell a silent publisher from a dead one
+    (0 or less: it sends no idle hellos, do not expect any). ``more`` marks
+    every part but the last of a hello split to fit the size limit: a topic
+    missing from one part may be in the next.
     """
 
     publisher_id: str
@@ -127,6 +130,7 @@ class Hello:
     reason: str = "idle"
     max_idle_time: float = 0.0
     host: str = ""
+    more: bool = False
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 
 from .api import PublisherTransport
-from .codec import DEFAULT_MAX_MESSAGE_BYTES, BatchHeader, encode_batch, encode_bye, encode_hello, hello_chunks
+from .codec import DEFAULT_MAX_MESSAGE_BYTES, BatchHeader, encode_batch, encode_bye, encode_hello, hello_parts
 from .errors import ClosedError, InvalidEvent, PayloadTooLarge, TransportError
 from .events import ACTIONS, CONTROL_TOPIC, Action, Bye, Event, Hello, validate_topic
 from .logs import RateLimitedLog
@@ -295,9 +295,9 @@ class Publisher:
     def _send_hello(self, reason: str) -> None:
         self._flush_all()
         sent = True
-        for seqs in hello_chunks(self._sequences(), self.options.max_message_bytes):
-            hello = Hello(self.id, self.name, time.time(), seqs, reason, self.options.max_idle_time, self._host)
-            sent &= self._send(CONTROL_TOPIC, encode_hello(hello))
+        hello = Hello(self.id, self.name, time.time(), self._sequences(), reason, self.options.max_idle_time, self._host)
+        for part in hello_parts(hello, self.options.max_message_bytes):
+            sent &= self._send(CONTROL_TOPIC, encode_hello(part))
         if sent:
             self.stats.inc("hellos_out", reason=reason)
         self._last_hello = time.monotonic()

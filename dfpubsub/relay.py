@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .api import IngressTransport, PublisherTransport
-from .codec import decode_header, encode_hello, hello_chunks
+from .codec import decode_header, encode_hello, hello_parts
 from .errors import DecodeError, TransportError
 from .events import CONTROL_TOPIC, Bye, EventBatch, Hello
 from .logs import RateLimitedLog
@@ -156,8 +156,8 @@ class Relay:
             self._topics[topic] = self._topics.get(topic, 0) + 1
         elif isinstance(env, Hello):
             worker.host = env.host
-            if env.max_idle_time > 0:
-                worker.max_idle = env.max_idle_time
+            # 0 or less included: that worker sends no idle hellos and is never taken as dead.
+            worker.max_idle = env.max_idle_time
             for t, seq in env.seqs.items():
                 if seq > worker.seqs.get(t, 0):
                     worker.seqs[t] = seq
@@ -183,9 +183,9 @@ class Relay:
         self.stats.inc("subscribers_joined", joined)
         now = time.time()
         for pid, w in list(self._workers.items()):
-            for seqs in hello_chunks(dict(w.seqs), self.options.max_message_bytes):
-                hello = Hello(pid, w.name, now, seqs, "welcome", w.max_idle, w.host)
-                if self._send(CONTROL_TOPIC, encode_hello(hello)):
+            hello = Hello(pid, w.name, now, dict(w.seqs), "welcome", w.max_idle, w.host)
+            for part in hello_parts(hello, self.options.max_message_bytes):
+                if self._send(CONTROL_TOPIC, encode_hello(part)):
                     self.stats.inc("hellos_out", reason="welcome")
 
     def _forget(self, now: float) -> None:
@@ -194,7 +194,7 @@ class Relay:
             return
         self._next_forget = now + 1.0
         stale = [pid for pid, w in self._workers.items()
-                 if now - w.last_seen > w.max_idle * self.options.dead_after_idles]
+                 if w.max_idle > 0 and now - w.last_seen > w.max_idle * self.options.dead_after_idles]
         for pid in stale:
             del self._workers[pid]
             self.stats.inc("workers_forgotten")

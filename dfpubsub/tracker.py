@@ -44,8 +44,9 @@ class _Stream:
 class _Peer:
     name: str
     last_seen: float
-    max_idle: float = 0.0
-    #: The subscribed topics when its last hello came (None: no hello yet).
+    #: Advertised by its last hello; None before one came. 0 or less: it sends no idle hellos.
+    max_idle: float | None = None
+    #: The subscribed topics when the last part of its last hello came (None: no hello yet).
     hello_topics: Collection[str] | None = None
     said_bye: bool = False
     streams: dict[str, _Stream] = field(default_factory=dict)
@@ -58,7 +59,7 @@ class SequenceTracker:
     ``window`` is the message delay window in seconds; ``max_held`` bounds the
     envelopes held per stream while a gap is open; a publisher silent for
     ``dead_after_idles`` times its advertised ``max_idle_time`` (or
-    ``assumed_max_idle`` before its first hello) is taken as dead, and its
+    ``assumed_max_idle`` before its first hello; never if that is 0 or less) is taken as dead, and its
     topics are resynced (its last messages may be lost with it).
     """
 
@@ -115,10 +116,13 @@ class SequenceTracker:
         pid = hello.publisher_id
         peer = self._peer(pid, hello.publisher_name, now)
         known_topics = peer.hello_topics or ()
-        peer.hello_topics = self.topics
         if isinstance(hello, Hello):
             peer.max_idle = hello.max_idle_time
+            # Only a hello's last part says that a topic it does not list has not been used.
+            if not hello.more:
+                peer.hello_topics = self.topics
         else:
+            peer.hello_topics = self.topics
             peer.said_bye = True
         topics = self.topics
         for topic, seq in hello.seqs.items():
@@ -146,7 +150,7 @@ class SequenceTracker:
             self._give_up(pid, topic, peer.streams[topic], out, "gap_expired")
             self._forget_if_gone(pid, peer)
         for pid, peer in list(self.peers.items()):
-            max_idle = peer.max_idle or self.assumed_max_idle
+            max_idle = self.assumed_max_idle if peer.max_idle is None else peer.max_idle
             if max_idle > 0 and now - peer.last_seen > self.dead_after_idles * max_idle:
                 self.forget_publisher(pid, out, reason="publisher_lost")
         return out

@@ -1,4 +1,4 @@
-"""Publisher discovery (DESIGN.md §4): publishers register leased rows, subscribers watch them.
+"""Publisher discovery (docs/discovery.md): publishers register leased rows, subscribers watch them.
 
 Each publisher registers ``{publisher_id, name, uris, host, pid, started_at,
 topics}`` under a key that expires ``ttl`` seconds after its last renewal, and

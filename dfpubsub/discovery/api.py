@@ -60,7 +60,7 @@ def check_timing(ttl: float, renew_interval: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PublisherRecord:
-    """One publisher as registered in discovery (DESIGN.md §4).
+    """One publisher as registered in discovery (docs/discovery.md).
 
     ``publisher_id`` is new at every process start; ``name`` is stable, for
     people; ``uris`` are where subscribers reach it (empty for drivers where

@@ -3,7 +3,11 @@
 S3: ``{"Records": [...]}`` following the AWS S3 event message structure
 (eventVersion 2.2), with Ceph's additions ``eventId`` and ``opaqueData`` and
 a ``dfpubsub`` member carrying what S3 has no field for (topic, action,
-version, publisher, and the value when the topic carries values).
+version, publisher, and the value when the topic carries values). The
+fields strict consumers check hold values they accept: ``eventSource`` is
+``aws:s3`` and ``requestParameters.sourceIPAddress`` a valid address (the
+unspecified ``0.0.0.0``: a change has no client address), as AWS's own parser
+models require (aws-lambda-powertools ``S3Model``).
 
 CloudEvents: one event per notification, JSON event format; structured mode
 (``application/cloudevents+json``), batched mode (a JSON array,
@@ -26,6 +30,8 @@ from .notification import Notification
 __all__ = [
     "EVENT_VERSION",
     "EVENT_SOURCE",
+    "S3_EVENT_SOURCE",
+    "SOURCE_IP_PLACEHOLDER",
     "S3_SCHEMA_VERSION",
     "CE_SPECVERSION",
     "JSON",
@@ -44,7 +50,14 @@ __all__ = [
 ]
 
 EVENT_VERSION = "2.2"
+#: Prefix of a CloudEvent's ``source``.
 EVENT_SOURCE = "dfpubsub:s3"
+#: An S3 record's ``eventSource``: consumers of S3 notifications (AWS's parser models
+#: among them) accept only this value, whatever S3 implementation sent the record.
+S3_EVENT_SOURCE = "aws:s3"
+#: ``requestParameters.sourceIPAddress``: a change made through the database has no
+#: client address; the unspecified address is a valid one, where ``""`` is not.
+SOURCE_IP_PLACEHOLDER = "0.0.0.0"
 S3_SCHEMA_VERSION = "1.0"
 CE_SPECVERSION = "1.0"
 JSON = "application/json"
@@ -93,12 +106,12 @@ def s3_record(n: Notification, *, region: str = "") -> dict[str, Any]:
     obj["sequencer"] = n.sequencer
     return {
         "eventVersion": EVENT_VERSION,
-        "eventSource": EVENT_SOURCE,
+        "eventSource": S3_EVENT_SOURCE,
         "awsRegion": region,
         "eventTime": iso_time(n.event_time),
         "eventName": s3_event_name(n.event_name),
         "userIdentity": {"principalId": n.publisher},
-        "requestParameters": {"sourceIPAddress": ""},
+        "requestParameters": {"sourceIPAddress": SOURCE_IP_PLACEHOLDER},
         "responseElements": {"x-amz-request-id": n.id, "x-amz-id-2": ""},
         "s3": {
             "s3SchemaVersion": S3_SCHEMA_VERSION,

@@ -3,7 +3,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfpubsub.codec import BatchHeader, decode, encode_batch, encode_bye, encode_hello, pack_event, topic_frame
+from dfpubsub.codec import (
+    MAX_SEQ,
+    BatchHeader,
+    decode,
+    encode_batch,
+    encode_bye,
+    encode_hello,
+    pack_event,
+    topic_frame,
+)
 from dfpubsub.errors import DecodeError, InvalidEvent
 from dfpubsub.events import Action, Bye, EventBatch, Hello
 
@@ -204,12 +213,20 @@ def test_header_fast_path_decodes_exactly_what_the_general_decoder_does(data):
 def test_header_fast_path_reads_every_integer_width_and_wide_strings():
     from dfpubsub.codec import decode_header
 
-    for seq in (1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1):
+    events = [pack_event("t", "k", "create", 1, None, 0.0)] * 17
+    for seq in (1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, MAX_SEQ - 16):
         for name in ("api-0", "n" * 31, "n" * 32, "ü" * 127, "n" * 256):  # fixstr, str8, str16 (general path)
-            frame = encode_batch(BatchHeader("p" * 32, name, "port"), seq, 2.5, [pack_event("t", "k", "create", 1, None, 0.0)] * 17)
+            frame = encode_batch(BatchHeader("p" * 32, name, "port"), seq, 2.5, events)
             env = decode_header(memoryview(frame), check_events=False)
             assert (env.publisher_name, env.seq, env.count, env.sent_at) == (name, seq, 17, 2.5)
             assert decode_header(frame).count == 17
+    # The last sequence, seq + n - 1, must fit a signed 64-bit integer too.
+    for seq in (MAX_SEQ - 15, MAX_SEQ + 1, 2**64 - 1):
+        frame = encode_batch(BatchHeader("p" * 32, "api-0", "port"), seq, 2.5, events)
+        for decoder in (decode_header, decode):
+            with pytest.raises(DecodeError) as err:
+                decoder(frame)
+            assert err.value.reason == "malformed"
 
 
 def test_header_decode_takes_memoryviews_of_every_kind():
@@ -229,3 +246,25 @@ def test_header_decode_takes_memoryviews_of_every_kind():
     with pytest.raises(DecodeError) as err:
         decode_header(memoryview(frame[:-2]))
     assert err.value.reason == "truncated"
+
+
+def test_a_hello_too_large_is_split_in_parts_marked_more_but_the_last():
+    from dfpubsub.codec import hello_parts
+
+    seqs = {f"topic-{i:04d}-" + "x" * 200: i + 1 for i in range(40)}
+    hello = Hello("pid", "name", 1.0, seqs, "welcome", 5.0, "host")
+    assert hello_parts(hello, 1 << 20) == [hello]
+    parts = hello_parts(hello, 4096)
+    assert len(parts) > 2
+    assert [p.more for p in parts] == [True] * (len(parts) - 1) + [False]
+    merged = {}
+    for part in parts:
+        frame = encode_hello(part)
+        assert len(frame) <= 4096
+        back = decode(frame)
+        assert back == part and not (set(back.seqs) & set(merged))
+        assert (back.reason, back.max_idle_time, back.host, back.sent_at) == ("welcome", 5.0, "host", 1.0)
+        merged.update(back.seqs)
+    assert merged == seqs
+    # A whole hello is encoded without the key; a part with it.
+    assert b"more" not in encode_hello(parts[-1]) and b"\xa4more\xc3" in encode_hello(parts[0])

@@ -126,12 +126,12 @@ def test_s3_record_follows_the_aws_event_message_structure():
     assert list(message) == ["Records"] and len(message["Records"]) == 1
     r = message["Records"][0]
     assert r["eventVersion"] == "2.2"
-    assert r["eventSource"] == "dfpubsub:s3"
+    assert r["eventSource"] == "aws:s3"
     assert r["awsRegion"] == "zg1"
     assert r["eventTime"] == "2024-05-01T12:00:00.123Z" and ISO_MS.match(r["eventTime"])
     assert r["eventName"] == "ObjectCreated:Put"  # AWS drops the "s3:" of the configured name
     assert r["userIdentity"] == {"principalId": "api-1"}
-    assert set(r["requestParameters"]) == {"sourceIPAddress"}
+    assert r["requestParameters"] == {"sourceIPAddress": "0.0.0.0"}
     assert set(r["responseElements"]) == {"x-amz-request-id", "x-amz-id-2"}
     s3 = r["s3"]
     assert s3["s3SchemaVersion"] == "1.0"

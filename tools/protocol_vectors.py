@@ -1,0 +1,403 @@
+"""Write docs/protocol-vectors.json: conformance vectors of the wire protocol (docs/protocol.md).
+
+Every frame is assembled here byte by byte (or from the worked examples of the
+document) and its expected outcome is written by hand from the specification,
+never computed by the reference decoder: tests/unit/test_protocol_vectors.py
+then checks the reference against the file, and that the file is what this
+script writes. Another implementation runs the same file (format in the
+file's ``format`` member and in docs/protocol.md §11).
+
+    python -m dfpubsub.tools.protocol_vectors [PATH]
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+__all__ = ["vectors", "scenarios", "document", "main"]
+
+PID = "0123456789abcdef0123456789abcdef"
+PID2 = "fedcba9876543210fedcba9876543210"
+MAX_SEQ = (1 << 63) - 1
+LIMIT = 1 << 20
+
+
+class Raw(bytes):
+    """Bytes that go into a frame as they are (an odd but valid encoding, or a defect)."""
+
+
+def pk(x: Any) -> bytes:
+    return bytes(x) if isinstance(x, Raw) else msgpack.packb(x)
+
+
+def fmap(*pairs: tuple[Any, Any]) -> Raw:
+    n = len(pairs)
+    head = bytes((0x80 | n,)) if n < 16 else b"\xde" + struct.pack(">H", n)
+    return Raw(head + b"".join(pk(k) + pk(v) for k, v in pairs))
+
+
+def farr(*items: Any) -> Raw:
+    n = len(items)
+    head = bytes((0x90 | n,)) if n < 16 else b"\xdc" + struct.pack(">H", n)
+    return Raw(head + b"".join(pk(i) for i in items))
+
+
+def ev(table: Any = "port", key: Any = "p1", action: Any = "create", version: Any = 3, value: Any = None,
+       ts: Any = 1700000000.25, *extra: Any) -> Raw:
+    return farr(table, key, action, version, value, ts, *extra)
+
+
+def f64(x: float) -> Raw:
+    return Raw(b"\xcb" + struct.pack(">d", x))
+
+
+def event_frame(*, v: Any = 1, kind: Any = "event", pub: Any = PID, name: Any = "api-0", topic: Any = "port",
+                seq: Any = 7, sent_at: Any = 1700000000.75, events: Any = None, extra: tuple = (),
+                drop: tuple = ()) -> Raw:
+    fields = [("v", v), ("kind", kind), ("pub", pub), ("name", name), ("topic", topic), ("seq", seq),
+              ("sent_at", f64(sent_at) if type(sent_at) is float else sent_at),
+              ("events", farr(ev()) if events is None else events)]
+    return fmap(*[(k, x) for k, x in fields if k not in drop], *extra)
+
+
+def hello_frame(*, seqs: Any = None, reason: Any = "welcome", max_idle: Any = 5.0, host: Any = "node-1",
+                pub: Any = PID, extra: tuple = (), drop: tuple = (), kind: str = "hello") -> Raw:
+    sent_at = 1700000002.0 if kind == "bye" else 1700000001.0
+    fields = [("v", 1), ("kind", kind), ("pub", pub), ("name", "api-0"), ("sent_at", f64(sent_at)),
+              ("seqs", fmap(("port", 8)) if seqs is None else seqs), ("reason", reason),
+              ("max_idle", f64(max_idle) if type(max_idle) is float else max_idle), ("host", host)]
+    if kind == "bye":
+        fields = fields[:6]
+    return fmap(*[(k, x) for k, x in fields if k not in drop], *extra)
+
+
+def event_json(table: str = "port", key: str = "p1", action: str = "create", version: int = 3, value: Any = None,
+               timestamp: float = 1700000000.25) -> dict[str, Any]:
+    return {"table": table, "key": key, "action": action, "version": version, "value": value,
+            "timestamp": timestamp}
+
+
+def batch_json(*, pub: str = PID, name: str = "api-0", topic: str = "port", seq: int = 7,
+               sent_at: float = 1700000000.75, events: list | None = None) -> dict[str, Any]:
+    return {"kind": "event", "pub": pub, "name": name, "sent_at": sent_at, "topic": topic, "seq": seq,
+            "events": [event_json()] if events is None else events}
+
+
+def hello_json(*, seqs: dict | None = None, reason: str = "welcome", max_idle: float = 5.0, host: str = "node-1",
+               more: bool = False, pub: str = PID) -> dict[str, Any]:
+    return {"kind": "hello", "pub": pub, "name": "api-0", "sent_at": 1700000001.0,
+            "seqs": {"port": 8} if seqs is None else seqs, "reason": reason, "max_idle": max_idle,
+            "host": host, "more": more}
+
+
+def bye_json(seqs: dict | None = None) -> dict[str, Any]:
+    return {"kind": "bye", "pub": PID, "name": "api-0", "sent_at": 1700000002.0,
+            "seqs": {"port": 8} if seqs is None else seqs}
+
+
+def nested(depth: int) -> Raw:
+    """A value of ``depth`` arrays, one in the other, around nil."""
+    return Raw(b"\x91" * depth + b"\xc0")
+
+
+def nested_json(depth: int) -> Any:
+    return {"$arrays": depth}
+
+
+# The events of the worked example of docs/protocol.md §5.1.
+E1 = ev(value=fmap(("mac", "fa:16:3e:00:00:01"), ("up", True)))
+E2 = ev(key="p0", action="delete", version=9, value=None, ts=1700000000.5)
+
+
+def ok(name: str, frame: bytes, envelope: dict[str, Any], note: str = "", **kw: Any) -> dict[str, Any]:
+    return {"name": name, "note": note, "hex": frame.hex(), "expect": {"envelope": envelope}, **kw}
+
+
+def bad(name: str, frame: bytes, reason: str, stage: str, note: str = "", **kw: Any) -> dict[str, Any]:
+    return {"name": name, "note": note, "hex": frame.hex(), "expect": {"error": reason, "stage": stage}, **kw}
+
+
+def vectors() -> list[dict[str, Any]]:
+    """Single frames and what a receiver makes of them."""
+    e1 = event_json(value={"mac": "fa:16:3e:00:00:01", "up": True})
+    e2 = event_json(key="p0", action="delete", version=9, value=None, timestamp=1700000000.5)
+    example = event_frame(events=farr(E1, E2))
+    too_deep_ok = event_frame(events=farr(ev(value=nested(1021))))
+    too_deep = event_frame(events=farr(ev(value=nested(1022))))
+    v = [
+        # --- valid frames -------------------------------------------------------------------------
+        ok("example_event", example, batch_json(events=[e1, e2]), "the worked example of §5.1"),
+        ok("example_hello", hello_frame(), hello_json(), "the worked example of §5.2"),
+        ok("example_bye", hello_frame(kind="bye", seqs=fmap(("port", 8))), bye_json(), "the worked example of §5.3"),
+        ok("key_order_is_free",
+           fmap(("events", farr(ev())), ("seq", 7), ("topic", "port"), ("sent_at", f64(1700000000.75)),
+                ("name", "api-0"), ("pub", PID), ("kind", "event"), ("v", 1)),
+           batch_json(), "keys in reverse order"),
+        ok("wide_integers",
+           event_frame(v=Raw(b"\xd3" + struct.pack(">q", 1)), seq=Raw(b"\xcf" + struct.pack(">Q", 7)),
+                       events=Raw(b"\xdd\x00\x00\x00\x01" + ev(version=Raw(b"\xd0\x03")))),
+           batch_json(), "v as int64, seq as uint64, events as array32, version as int8: any width"),
+        ok("int_and_float32_times",
+           event_frame(sent_at=1700000000, events=farr(ev(ts=Raw(b"\xca" + struct.pack(">f", 0.5))))),
+           batch_json(sent_at=1700000000, events=[event_json(timestamp=0.5)]),
+           "sent_at as an integer, a timestamp as float32"),
+        ok("unknown_keys_are_ignored",
+           event_frame(extra=(("trace", fmap(("id", "x"))), (1, 2), (Raw(b"\xc4\x01v"), 9), (None, True))),
+           batch_json(), "an unknown str key, and keys of other types (int, bin, nil), are ignored"),
+        ok("extra_event_items_are_ignored", event_frame(events=farr(ev(), ev(version=4), farr(
+            "port", "p1", "create", 5, None, f64(1700000000.25), "future", fmap(("x", 1))))),
+           batch_json(events=[event_json(), event_json(version=4), event_json(version=5)]),
+           "items after index 5 of an event"),
+        ok("delete_value_is_dropped",
+           event_frame(events=farr(ev(action="delete", value=fmap(("stale", 1))))),
+           batch_json(events=[event_json(action="delete", value=None)]), "a delete delivers nil"),
+        ok("empty_name_and_key", event_frame(name="", events=farr(ev(key=""))),
+           batch_json(name="", events=[event_json(key="")])),
+        ok("duplicate_key_last_wins", event_frame(extra=(("name", "api-1"),)), batch_json(name="api-1"),
+           "a repeated key: the last occurrence counts"),
+        ok("control_topic_decodes", event_frame(topic="$ctl"), batch_json(topic="$ctl"),
+           "decoding only needs a non-empty topic; the subscriber drops it as foreign_topic"),
+        ok("value_keys_of_any_scalar_type",
+           event_frame(events=farr(ev(value=fmap((7, "a"), (True, "b"), (None, "c"), (1.5, "d"),
+                                                 (Raw(b"\xc4\x01k"), "e"), ("s", "f"))))),
+           batch_json(events=[event_json(value={"$map": [[7, "a"], [True, "b"], [None, "c"], [1.5, "d"],
+                                                         [{"$bin": "6b"}, "e"], ["s", "f"]]})])),
+        ok("extension_types_pass_through",
+           event_frame(events=farr(ev(value=farr(Raw(b"\xd4\x05\x01"), Raw(b"\xc7\x03\x7f" + b"abc"),
+                                                 Raw(b"\xd6\xff" + struct.pack(">I", 1700000000)),
+                                                 Raw(b"\xc7\x0c\xff" + struct.pack(">Iq", 5, -1)))))),
+           batch_json(events=[event_json(value=[{"$ext": [5, "01"]}, {"$ext": [127, "616263"]},
+                                                {"$timestamp": [1700000000, 0]}, {"$timestamp": [-1, 5]}])]),
+           "application types 0..127 opaque; type -1 a timestamp (32 and 96 bit forms)"),
+        ok("largest_sequences",
+           event_frame(seq=MAX_SEQ - 1, events=farr(ev(), ev(key="p2"))),
+           batch_json(seq=MAX_SEQ - 1, events=[event_json(), event_json(key="p2")]),
+           "seq + n - 1 = 2^63 - 1"),
+        ok("extension_in_unknown_key", hello_frame(extra=(("x", Raw(b"\xd4\x05\x01")),)), hello_json()),
+        ok("largest_version", event_frame(events=farr(ev(version=2**64 - 1))),
+           batch_json(events=[event_json(version=2**64 - 1)])),
+        ok("hello_repeated_topic_last_wins", hello_frame(seqs=fmap(("port", 3), ("port", 8))), hello_json()),
+        ok("largest_hello_sequence", hello_frame(seqs=fmap(("port", MAX_SEQ), ("new", 0))),
+           hello_json(seqs={"port": MAX_SEQ, "new": 0})),
+        ok("depth_1024", too_deep_ok, batch_json(events=[event_json(value=nested_json(1021))]),
+           "envelope, events, event and 1021 arrays in the value: 1024 containers, the most allowed"),
+        ok("hello_part", hello_frame(extra=(("more", True),)), hello_json(more=True),
+           "a part of a split hello that is not the last"),
+        ok("hello_more_false", hello_frame(extra=(("more", False),)), hello_json()),
+        ok("hello_max_idle_zero", hello_frame(max_idle=0), hello_json(max_idle=0),
+           "an integer 0: no idle hellos, never taken as dead"),
+        ok("hello_max_idle_negative", hello_frame(max_idle=-1.0), hello_json(max_idle=-1.0)),
+        ok("hello_any_reason", hello_frame(reason="rebalance", seqs=fmap()),
+           hello_json(reason="rebalance", seqs={})),
+        ok("hello_with_events_key", hello_frame(extra=(("events", 5),)), hello_json(),
+           "'events' is an unknown key in a hello, whatever its type"),
+        ok("bye_with_events_array", hello_frame(kind="bye", seqs=fmap(("port", 8)), extra=(("events", farr(1)),)),
+           bye_json()),
+        ok("exactly_the_limit", example, batch_json(events=[e1, e2]), max_message_bytes=len(example)),
+        # --- rejected before any state changes (stage "header") -------------------------------------
+        bad("oversize", example, "oversize", "header", "one byte over the limit", max_message_bytes=len(example) - 1),
+        bad("oversize_before_parsing", Raw(b"\xc1" * 9), "oversize", "header", max_message_bytes=8),
+        bad("empty_frame", Raw(b""), "truncated", "header"),
+        bad("truncated", example[:-3], "truncated", "header"),
+        bad("truncated_inside_events", example[:120], "truncated", "header"),
+        bad("reserved_byte", Raw(b"\xc1"), "not_msgpack", "header"),
+        bad("reserved_byte_in_events", event_frame(events=farr(ev(value=Raw(b"\xc1")))), "not_msgpack", "header",
+            "the structure of the whole frame is checked first"),
+        bad("bad_utf8_in_field", event_frame(name=Raw(b"\xa2\xc3\x28")), "not_msgpack", "header"),
+        bad("bad_utf8_before_not_a_map", Raw(b"\x91\xa1\xff"), "not_msgpack", "header",
+            "msgpack validity is checked before the top-level type"),
+        bad("truncated_before_not_a_map", Raw(b"\x92\x01"), "truncated", "header"),
+        bad("top_level_not_a_map", farr("v", 1), "malformed", "header"),
+        bad("trailing_bytes", Raw(example + b"\xc0"), "malformed", "header"),
+        bad("trailing_before_version", Raw(event_frame(v=2) + b"\x00"), "malformed", "header",
+            "trailing bytes are found before the version is read"),
+        bad("array_key_in_envelope", event_frame(extra=((farr(1), 1),)), "not_msgpack", "header"),
+        bad("reserved_extension_in_unknown_key", hello_frame(extra=(("x", Raw(b"\xd4\xfe\x01")),)), "not_msgpack",
+            "header"),
+        bad("version_2", event_frame(v=2), "schema_version", "header"),
+        bad("version_2_otherwise_empty", fmap(("v", 2)), "schema_version", "header",
+            "the version is checked before anything else of the map"),
+        bad("version_missing", event_frame(drop=("v",)), "malformed", "header"),
+        bad("version_bool", event_frame(v=True), "malformed", "header"),
+        bad("version_float", event_frame(v=1.0), "malformed", "header"),
+        bad("version_str", event_frame(v="1"), "malformed", "header"),
+        bad("unknown_kind", event_frame(kind="snapshot"), "malformed", "header"),
+        bad("pub_empty", event_frame(pub=""), "malformed", "header"),
+        bad("pub_bin", event_frame(pub=PID.encode()), "malformed", "header", "bin is not str"),
+        bad("name_missing", event_frame(drop=("name",)), "malformed", "header"),
+        bad("sent_at_bool", event_frame(sent_at=True), "malformed", "header"),
+        bad("sent_at_nil", event_frame(sent_at=None), "malformed", "header"),
+        bad("topic_empty", event_frame(topic=""), "malformed", "header"),
+        bad("seq_zero", event_frame(seq=0), "malformed", "header"),
+        bad("seq_negative", event_frame(seq=-1), "malformed", "header"),
+        bad("seq_above_max", event_frame(seq=MAX_SEQ + 1), "malformed", "header"),
+        bad("last_seq_above_max", event_frame(seq=MAX_SEQ, events=farr(ev(), ev())), "malformed", "header",
+            "seq + n - 1 = 2^63"),
+        bad("events_empty", event_frame(events=farr()), "malformed", "header"),
+        bad("events_not_array", event_frame(events=fmap(("0", ev()))), "malformed", "header"),
+        bad("events_missing", event_frame(drop=("events",)), "malformed", "header"),
+        bad("hello_seq_negative", hello_frame(seqs=fmap(("port", -1))), "malformed", "header"),
+        bad("hello_seq_above_max", hello_frame(seqs=fmap(("port", MAX_SEQ + 1))), "malformed", "header"),
+        bad("hello_topic_empty", hello_frame(seqs=fmap(("", 1))), "malformed", "header"),
+        bad("hello_topic_int", hello_frame(seqs=fmap((1, 1))), "malformed", "header"),
+        bad("hello_seqs_array", hello_frame(seqs=farr()), "malformed", "header"),
+        bad("hello_reason_missing", hello_frame(drop=("reason",)), "malformed", "header"),
+        bad("hello_max_idle_missing", hello_frame(drop=("max_idle",)), "malformed", "header"),
+        bad("hello_max_idle_nil", hello_frame(max_idle=None), "malformed", "header"),
+        bad("hello_host_missing", hello_frame(drop=("host",)), "malformed", "header"),
+        bad("hello_more_not_bool", hello_frame(extra=(("more", 1),)), "malformed", "header"),
+        bad("bye_seqs_missing", hello_frame(kind="bye", drop=("seqs",)), "malformed", "header"),
+        # --- the header is sound, an event is not (stage "events") ---------------------------------
+        bad("event_too_short", event_frame(events=farr(farr("port", "p1", "create", 3, None))), "malformed", "events"),
+        bad("event_not_array", event_frame(events=farr(fmap(("table", "port")))), "malformed", "events"),
+        bad("event_action_case", event_frame(events=farr(ev(action="Create"))), "malformed", "events"),
+        bad("event_action_bin", event_frame(events=farr(ev(action=b"create"))), "malformed", "events"),
+        bad("event_table_empty", event_frame(events=farr(ev(table=""))), "malformed", "events"),
+        bad("event_key_int", event_frame(events=farr(ev(key=1))), "malformed", "events"),
+        bad("event_version_negative", event_frame(events=farr(ev(version=-1))), "malformed", "events"),
+        bad("event_version_bool", event_frame(events=farr(ev(version=False))), "malformed", "events"),
+        bad("event_timestamp_nil", event_frame(events=farr(ev(ts=None))), "malformed", "events"),
+        bad("one_bad_event_of_two", event_frame(events=farr(ev(), ev(version="4"))), "malformed", "events",
+            "no partial acceptance"),
+        bad("bad_utf8_in_value", event_frame(events=farr(ev(value=Raw(b"\xa1\xff")))), "not_msgpack", "events"),
+        bad("array_key_in_value", event_frame(events=farr(ev(value=fmap((farr(1), 1))))), "not_msgpack", "events"),
+        bad("bad_timestamp_length", event_frame(events=farr(ev(value=Raw(b"\xd5\xff\x00\x01")))),
+            "not_msgpack", "events", "type -1 of 2 bytes"),
+        bad("bad_timestamp_nanoseconds",
+            event_frame(events=farr(ev(value=Raw(b"\xd7\xff" + struct.pack(">Q", 1_000_000_000 << 34))))),
+            "not_msgpack", "events", "64-bit form with nanoseconds >= 10^9"),
+        bad("reserved_extension_type", event_frame(events=farr(ev(value=Raw(b"\xd4\xfe\x01")))),
+            "not_msgpack", "events", "types -128..-2 are reserved by msgpack"),
+        bad("depth_1025", too_deep, "not_msgpack", "any", "one container too many; either stage may see it"),
+    ]
+    return v
+
+
+def _frame(kind: str, **kw: Any) -> str:
+    return (event_frame(**kw) if kind == "event" else hello_frame(kind=kind, **kw)).hex()
+
+
+def scenarios() -> list[dict[str, Any]]:
+    """Sequences of frames through one subscriber of topics ``port`` and ``net`` and what it must do.
+
+    A step is ``{"at": seconds, "hex": frame}`` (receive) or ``{"at": seconds}`` (time passes); the
+    expectation lists the (pub, topic, seq) delivered, in order, and the resync requests as
+    ``[topic, reason, pub, [first, last] or null]``, in order. Defaults of §7.2 apply.
+    """
+    def port(seq: int, n: int = 1, **kw: Any) -> str:
+        return _frame("event", seq=seq, events=farr(*[ev(version=seq + i) for i in range(n)]), **kw)
+
+    bad_event = _frame("event", seq=3, events=farr(ev(), ev(version=-1)))
+    return [
+        {"name": "bad_event_is_repaired_at_once_without_a_gap",
+         "note": "stage 2 rejects seq 3..4: they are consumed, resynced as bad_event, and 5 follows without a gap",
+         "steps": [{"at": 0.0, "hex": port(1, 2)}, {"at": 0.1, "hex": bad_event}, {"at": 0.2, "hex": port(5)},
+                   {"at": 2.0}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 5]],
+         "resyncs": [["port", "bad_event", PID, [3, 4]]]},
+        {"name": "bad_header_is_a_gap",
+         "note": "stage 1 rejects the frame: nothing changes; seq 5 opens a gap that expires after W",
+         "steps": [{"at": 0.0, "hex": port(1, 2)}, {"at": 0.1, "hex": _frame("event", seq=3, v=2)},
+                   {"at": 0.2, "hex": port(5)}, {"at": 0.69}, {"at": 0.71}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 5]],
+         "resyncs": [["port", "gap_expired", PID, [3, 4]]]},
+        {"name": "max_idle_zero_never_dies",
+         "note": "a publisher advertising max_idle 0 sends no idle hellos: silence is not death",
+         "steps": [{"at": 0.0, "hex": _frame("hello", max_idle=0.0, seqs=fmap(("port", 0)))},
+                   {"at": 0.1, "hex": port(1)}, {"at": 1000.0}],
+         "delivered": [[PID, "port", 1]], "resyncs": []},
+        {"name": "assumed_max_idle_before_any_hello",
+         "note": "no hello yet: the subscriber's own max_idle_time (5 s) times K (3) applies",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 14.9}, {"at": 15.2}],
+         "delivered": [[PID, "port", 1]], "resyncs": [["port", "publisher_lost", PID, None]]},
+        {"name": "split_hello_at_first_contact",
+         "note": "both parts are first contact: no gap, a first_seen resync per topic with its range",
+         "steps": [{"at": 0.0, "hex": _frame("hello", seqs=fmap(("port", 4)), extra=(("more", True),))},
+                   {"at": 0.01, "hex": _frame("hello", seqs=fmap(("net", 6)))},
+                   {"at": 0.02, "hex": port(5)}, {"at": 1.0}],
+         "delivered": [[PID, "port", 5]],
+         "resyncs": [["port", "first_seen", PID, [1, 4]], ["net", "first_seen", PID, [1, 6]]]},
+        {"name": "topic_begun_after_a_complete_hello",
+         "note": "a complete hello that did not list net: net's first events start at 1, a lost one is a gap",
+         "steps": [{"at": 0.0, "hex": _frame("hello", seqs=fmap(("port", 0)))},
+                   {"at": 0.1, "hex": _frame("event", topic="net", seq=2)}, {"at": 0.7}],
+         "delivered": [[PID, "net", 2]], "resyncs": [["net", "gap_expired", PID, [1, 1]]]},
+        {"name": "hello_reveals_loss",
+         "note": "the hello reports 3 while 2 was the last received: a gap, expired after W",
+         "steps": [{"at": 0.0, "hex": port(1, 2)}, {"at": 0.1, "hex": _frame("hello", seqs=fmap(("port", 3)))},
+                   {"at": 0.7}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2]], "resyncs": [["port", "gap_expired", PID, [3, 3]]]},
+        {"name": "first_seen_mid_stream",
+         "note": "no hello yet: the first envelope starts the stream where it is, and what came before is resynced",
+         "steps": [{"at": 0.0, "hex": port(5)}, {"at": 0.1, "hex": port(6)}, {"at": 1.0}],
+         "delivered": [[PID, "port", 5], [PID, "port", 6]], "resyncs": [["port", "first_seen", PID, [1, 4]]]},
+        {"name": "bye_with_nothing_missing_forgets_quietly",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("bye", seqs=fmap(("port", 1)))},
+                   {"at": 100.0}],
+         "delivered": [[PID, "port", 1]], "resyncs": []},
+        {"name": "bye_reveals_loss",
+         "note": "the bye reports 3: a gap that expires, then the publisher is forgotten without publisher_lost",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("bye", seqs=fmap(("port", 3)))},
+                   {"at": 0.7}, {"at": 100.0}],
+         "delivered": [[PID, "port", 1]], "resyncs": [["port", "gap_expired", PID, [2, 3]]]},
+        {"name": "duplicates_and_reorder_within_the_window",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(3)}, {"at": 0.2, "hex": port(2)},
+                   {"at": 0.3, "hex": port(1, 3)}, {"at": 1.0}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 3]], "resyncs": []},
+        {"name": "foreign_topic_changes_nothing",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("event", topic="other", seq=9)},
+                   {"at": 0.2, "hex": port(2)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2]], "resyncs": []},
+    ]
+
+
+FORMAT = {
+    "vectors": "name, note, hex (frame 1, the envelope), optional max_message_bytes (else the top-level one), "
+               "expect: {envelope} or {error: reason, stage: header|events|any}",
+    "envelope": "event: kind, pub, name, sent_at, topic, seq, events [{table, key, action, version, value, "
+                "timestamp}]; hello: kind, pub, name, sent_at, seqs, reason, max_idle, host, more; "
+                "bye: kind, pub, name, sent_at, seqs",
+    "values": "JSON where JSON can say it; a map with a key that is not a str is {\"$map\": [[key, value], ...]}, "
+              "bin is {\"$bin\": hex}, an extension {\"$ext\": [type, hex]}, a timestamp "
+              "{\"$timestamp\": [seconds, nanoseconds]}, and {\"$arrays\": n} n arrays nested around nil; "
+              "integers may exceed 2^53",
+    "stage": "header: the frame is dropped and changes no state; events: the header is taken (its sequences "
+             "are consumed) and the envelope's range resynced with reason bad_event; any: either",
+    "scenarios": "subscriber of topics, default settings; steps at local times in seconds: with hex, the frame "
+                 "arrives; without, time passes (gaps and dead publishers are checked at each step). Compare "
+                 "delivered (pub, topic, seq) and resyncs [topic, reason, pub, missing] in order",
+}
+
+
+def document() -> dict[str, Any]:
+    return {
+        "protocol": "dfpubsub wire protocol, schema version 1 (docs/protocol.md)",
+        "format": FORMAT,
+        "max_message_bytes": LIMIT,
+        "subscriber": {"topics": ["port", "net"], "message_delay_window": 0.5, "max_held": 1024,
+                       "dead_after_idles": 3, "max_idle_time": 5.0},
+        "vectors": vectors(),
+        "scenarios": scenarios(),
+    }
+
+
+def render() -> str:
+    return json.dumps(document(), indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    path = Path(args[0]) if args else Path(__file__).resolve().parent.parent / "docs" / "protocol-vectors.json"
+    path.write_text(render(), encoding="utf-8")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
