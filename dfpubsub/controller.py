@@ -21,6 +21,7 @@ from .api import SubscriberTransport
 from .cache import Change, VersionedCache
 from .events import Action, Event, VersionedObject
 from .metrics import Stats
+from .relist import relist
 from .store import Store
 from .subscriber import Subscriber, SubscriberOptions
 from .tracker import ResyncRequest
@@ -148,8 +149,12 @@ class Controller:
         return truth
 
     def _on_resync(self, topics: set[str]) -> None:
-        truth = self._list(topics)
-        changes = self.cache.reconcile(topics, truth)
+        if self.bootstrap is not None and topics - self._listed:
+            truth = self._list(topics)
+            changes, listed = self.cache.reconcile(topics, truth), len(truth)
+        else:  # versions first, truth wins (dfpubsub.relist)
+            changes, listed = relist(self.store, self.cache, topics)
+            self._listed |= topics
         handlers = self.handlers
         for ch in changes:
             if ch.table not in handlers:
@@ -163,7 +168,7 @@ class Controller:
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)
         log.info("resynced", extra={"controller": self.name, "topics": sorted(topics),
-                                    "objects": len(truth), "changes": len(changes)})
+                                    "objects": listed, "changes": len(changes)})
 
     def _dispatch(self, action: Action, obj: VersionedObject, previous: VersionedObject | None) -> None:
         handler = self.handlers.get(obj.table)
