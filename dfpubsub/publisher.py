@@ -1,18 +1,17 @@
 """The reliable publisher: sequence numbers, micro-batching and hellos over any driver.
 
 Every event gets the next sequence number of its topic. Batching adapts to the
-load, as Nagle's algorithm does. An event leaves at once, in an envelope of its
-own, while the traffic is light (up to ``_BATCH_FROM`` events per ``_WINDOW`` of
-time: what controllers mostly see) and whenever the publisher is idle (its last
-send ended at least ``_IDLE_GAP`` ago). Only events that come faster than that
-are gathered into one envelope per topic, which leaves when ``batch_max_events``
-or ``batch_max_bytes`` is reached, when the callers pause (no event for
-``_IDLE_GAP``), or at the latest ``batch_linger`` after its first event; a
-linger of 0 turns batching off. So light traffic has the latency of unbatched
-sends and a saturated publisher sends full envelopes.
-A background thread flushes the paused batches and sends a hello when the
-publisher starts, when a new subscriber appears, and whenever its quietest
-topic has been silent for ``max_idle_time`` since the last hello.
+rate: while the traffic is light (at most ``_BATCH_FROM`` events in a
+``_WINDOW`` of time, what controllers mostly see, and after any quiet spell) an
+event leaves at once, in an envelope of its own, with the latency of an
+unbatched send. Faster than that, events of a topic are gathered into one
+envelope until ``batch_max_events`` or ``batch_max_bytes`` is reached or
+``batch_linger`` has passed since the first one, so a busy publisher sends full
+envelopes as before; a window that reached the rate keeps the next one batching
+from its first event. A linger of 0 turns batching off. A background thread
+flushes lingering batches and sends a hello when the publisher starts, when a
+new subscriber appears, and whenever its quietest topic has been silent for
+``max_idle_time`` since the last hello.
 """
 
 from __future__ import annotations
@@ -42,18 +41,11 @@ log = logging.getLogger(__name__)
 
 #: How often the background thread looks for new subscribers (seconds).
 _WELCOME_POLL = 0.1
-#: The rate above which events are batched: ``_BATCH_FROM`` events in a ``_WINDOW`` of time
-#: (30k events/s, where an envelope per event would start to cost the subscribers a core).
+#: The rate above which events are batched: more than ``_BATCH_FROM`` events in a ``_WINDOW``
+#: (30k events/s). Below it the envelopes an event each costs the subscribers little CPU;
+#: above it they would crowd out the events (a publisher service relays envelopes, not events).
 _WINDOW = 0.001
 _BATCH_FROM = 30
-#: A publisher whose last send ended this long ago is idle: its next event leaves at once.
-#: Well above the few microseconds between the events of a caller publishing flat out, and
-#: well below the gaps of light traffic (100 us at 10k events/s).
-_IDLE_GAP = 50e-6
-#: How often the background thread looks for paused batches while batches are being made:
-#: the most a batch waits once its callers pause, short of ``batch_linger``.
-_PAUSE_POLL = 150e-6
-
 
 @dataclass(slots=True)
 class PublisherOptions:
@@ -129,7 +121,6 @@ class Publisher:
         self._ticker_asleep = True
         self._last_batch = float("-inf")
         now = time.monotonic()
-        self._last_event = now
         #: Events in the current rate window, its end, and whether the window before was busy.
         self._in_window = 0
         self._window_end = now
@@ -188,14 +179,13 @@ class Publisher:
                 raise InvalidEvent(f"event {table}/{key} is not serialisable: {exc}") from exc
             size = len(packed)
             events = st.events
-            now = self._last_event = time.monotonic()
+            now = time.monotonic()
             if now >= self._window_end:
                 # A busy window (not one that ended long ago) keeps the next one batching from its start.
-                self._busy = self._in_window >= _BATCH_FROM and now < self._window_end + _WINDOW
+                self._busy = self._in_window > _BATCH_FROM and now < self._window_end + _WINDOW
                 self._window_end, self._in_window = now + _WINDOW, 0
             self._in_window += 1
-            idle = events is None and (
-                now - self._last_send >= _IDLE_GAP or not (self._busy or self._in_window > _BATCH_FROM))
+            light = events is None and not self._busy and self._in_window <= _BATCH_FROM
             if events is None or st.size + size > st.limit:
                 # limit <= room: an event too large for any envelope never fits the current one.
                 if size > st.room:
@@ -206,7 +196,7 @@ class Publisher:
             seq = st.seq = st.seq + 1
             events.append(packed)
             st.size += size
-            if idle or len(events) >= self._max_events:
+            if light or len(events) >= self._max_events:
                 self._flush_topic(topic)
             elif self._ticker_asleep:
                 # Waking a thread costs a GIL hand-off: only the first batch after a
@@ -342,8 +332,6 @@ class Publisher:
         with self._lock:
             while not self._closed:
                 now = time.monotonic()
-                if self._pending and now - self._last_event >= _IDLE_GAP:
-                    self._flush_all()  # the callers paused: what they batched need not wait longer
                 wake = min(now + _WELCOME_POLL, self._flush_due(now))
                 try:
                     joined = self.transport.new_subscribers()
@@ -361,8 +349,8 @@ class Publisher:
                 if self._pending:
                     self._last_batch = now
                 if now - self._last_batch < _WELCOME_POLL:
-                    # Busy: poll for paused batches, so publish() need not wake this thread.
-                    wake = min(wake, now + min(_PAUSE_POLL, self.options.batch_linger))
+                    # Busy: poll every linger, so publish() need not wake this thread.
+                    wake = min(wake, now + self.options.batch_linger)
                 else:
                     self._ticker_asleep = True
                 self._cond.wait(max(0.0, wake - time.monotonic()))

@@ -3,6 +3,8 @@
 import itertools
 import threading
 
+import time
+
 import pytest
 
 from dfpubsub import (
@@ -80,11 +82,11 @@ def test_events_flow_in_order_with_batching(driver):
     node.sub.start()
     pub = publisher(driver, batch_max_events=10, batch_linger=1.0)
     with pub._lock:  # as if the last rate window had been busy: batch from the first event
-        pub._busy, pub._window_end, pub._last_send = True, float("inf"), float("inf")
+        pub._busy, pub._window_end = True, float("inf")
     for i in range(95):
         pub.publish("port", "tbl", f"k{i}", "create", i + 1, {"i": i})
-    wait_for(lambda: len(node.events) >= 90, what="9 full batches")
-    assert pub.stats.get("envelopes_out") in (9, 10)  # 10 if the pause flush took the last 5 already
+    wait_for(lambda: len(node.events) == 90, what="9 full batches")
+    assert pub.stats.get("envelopes_out") == 9
     pub.flush()
     wait_for(lambda: len(node.events) == 95)
     assert [e.seq for e in node.events] == list(range(1, 96))
@@ -111,17 +113,22 @@ def test_linger_flushes_a_partial_batch_and_zero_linger_turns_batching_off(drive
 def test_batching_adapts_to_the_rate(driver):
     node = Node(driver, ["t"])
     node.sub.start()
-    pub = publisher(driver, batch_max_events=128, batch_linger=10.0)
+    pub = publisher(driver, batch_max_events=128, batch_linger=0.2)
     pub.publish("t", "tbl", "k", "create", 1)
     # Light traffic: the event leaves at once, whatever the linger.
     assert pub.stats.get("envelopes_out") == 1
     wait_for(lambda: len(node.events) == 1, timeout=2, what="the lone event")
-    # A burst far above the light-traffic rate is batched; what lingers leaves when the caller pauses.
+    # A burst far above the light-traffic rate is batched after its first events.
     for i in range(2000):
         pub.publish("t", "tbl", f"k{i}", "update", i + 2)
-    wait_for(lambda: len(node.events) == 2001, timeout=2, what="the burst, without waiting for the linger")
-    assert pub.stats.get("envelopes_out") < 200
+    wait_for(lambda: len(node.events) == 2001, timeout=2, what="the burst and its last batch's linger")
+    assert pub.stats.get("envelopes_out") < 100
     assert [e.seq for e in node.events] == list(range(1, 2002))
+    # After a quiet spell, traffic is light again.
+    wait_for(lambda: time.monotonic() > pub._window_end + 0.002, what="a quiet spell")
+    sent = pub.stats.get("envelopes_out")
+    pub.publish("t", "tbl", "k", "update", 3000)
+    assert pub.stats.get("envelopes_out") == sent + 1
     pub.close()
     node.sub.close()
 
