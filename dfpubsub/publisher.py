@@ -1,17 +1,18 @@
 """The reliable publisher: sequence numbers, micro-batching and hellos over any driver.
 
 Every event gets the next sequence number of its topic. Batching adapts to the
-rate: while the traffic is light (at most ``_BATCH_FROM`` events in a
-``_WINDOW`` of time, what controllers mostly see, and after any quiet spell) an
-event leaves at once, in an envelope of its own, with the latency of an
-unbatched send. Faster than that, events of a topic are gathered into one
-envelope until ``batch_max_events`` or ``batch_max_bytes`` is reached or
-``batch_linger`` has passed since the first one, so a busy publisher sends full
-envelopes as before; a window that reached the rate keeps the next one batching
-from its first event. A linger of 0 turns batching off. A background thread
-flushes lingering batches and sends a hello when the publisher starts, when a
-new subscriber appears, and whenever its quietest topic has been silent for
-``max_idle_time`` since the last hello.
+load, as Nagle's algorithm does: while the traffic is light (at most
+``_BATCH_FROM`` events in a ``_WINDOW`` of time, what controllers mostly see,
+and after any quiet spell) and the transport keeps up (sending took at most
+half of the window) an event leaves at once, in an envelope of its own, with
+the latency of an unbatched send. Beyond that, events of a topic are gathered
+into one envelope until ``batch_max_events`` or ``batch_max_bytes`` is reached
+or ``batch_linger`` has passed since the first one, so a busy publisher, or one
+on a slow transport, sends full envelopes as before; a window that was busy
+keeps the next one batching from its first event. A linger of 0 turns
+batching off. A background thread flushes lingering batches and sends a hello
+when the publisher starts, when a new subscriber appears, and whenever its
+quietest topic has been silent for ``max_idle_time`` since the last hello.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ _WELCOME_POLL = 0.1
 #: above it they would crowd out the events (a publisher service relays envelopes, not events).
 _WINDOW = 0.001
 _BATCH_FROM = 30
+#: Nor while sending took more than this of the window: a transport whose send() waits for
+#: a server (Redis' XADD) or for room (etcd's group commit) would otherwise hold the rate
+#: under ``_BATCH_FROM`` by its own slowness and never batch.
+_SENDING = _WINDOW / 2
 
 @dataclass(slots=True)
 class PublisherOptions:
@@ -121,10 +126,13 @@ class Publisher:
         self._ticker_asleep = True
         self._last_batch = float("-inf")
         now = time.monotonic()
-        #: Events in the current rate window, its end, and whether the window before was busy.
+        #: Events in the current rate window, its end, and whether the window before was busy
+        #: (too many events, or too long sending them).
         self._in_window = 0
         self._window_end = now
         self._busy = False
+        #: Seconds spent in transport.send() in the current rate window.
+        self._sending = 0.0
         self._last_hello = now
         self._last_send = now
         with self._lock:
@@ -181,11 +189,14 @@ class Publisher:
             events = st.events
             now = time.monotonic()
             if now >= self._window_end:
-                # A busy window (not one that ended long ago) keeps the next one batching from its start.
-                self._busy = self._in_window > _BATCH_FROM and now < self._window_end + _WINDOW
-                self._window_end, self._in_window = now + _WINDOW, 0
+                # A busy window keeps the next one batching from its start, unless a quiet spell
+                # followed it (a send that outlasted the window is no quiet spell).
+                self._busy = (self._in_window > _BATCH_FROM or self._sending > _SENDING) and (
+                    now < self._window_end + _WINDOW or now - self._last_send < _WINDOW)
+                self._window_end, self._in_window, self._sending = now + _WINDOW, 0, 0.0
             self._in_window += 1
-            light = events is None and not self._busy and self._in_window <= _BATCH_FROM
+            light = events is None and not self._busy and self._in_window <= _BATCH_FROM and \
+                self._sending <= _SENDING
             if events is None or st.size + size > st.limit:
                 # limit <= room: an event too large for any envelope never fits the current one.
                 if size > st.room:
@@ -302,6 +313,7 @@ class Publisher:
         self._topic_sent[topic] = self._last_send
 
     def _send(self, topic: str, frame: bytes) -> bool:
+        start = time.monotonic()
         try:
             self.transport.send(topic, frame)
         except TransportError as exc:
@@ -309,7 +321,8 @@ class Publisher:
             self._send_log.warning("send", "publish failed; subscribers will resync", topic=topic, error=str(exc))
             return False
         finally:
-            self._last_send = time.monotonic()
+            self._last_send = end = time.monotonic()
+            self._sending += end - start
         return True
 
     def _send_hello(self, reason: str) -> None:

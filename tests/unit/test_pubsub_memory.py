@@ -357,3 +357,35 @@ def test_envelope_with_a_bad_event_is_counted_and_its_topic_resynced(driver):
     assert node.sub.stats.get("decode_errors", "malformed") == 1
     assert [g.reason for g in node.gaps] == ["bad_event"]
     node.sub.close()
+
+
+class SlowTransport:
+    """A real memory transport whose send() takes as long as a round trip to a server."""
+
+    def __init__(self, inner, delay):
+        self.inner, self.delay = inner, delay
+
+    def send(self, topic, frame):
+        end = time.monotonic() + self.delay
+        while time.monotonic() < end:  # a busy wait: sleep() would overshoot far more than 200 us
+            pass
+        self.inner.send(topic, frame)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_slow_transport_makes_the_publisher_batch(driver):
+    """A send that waits for a server holds the event rate under the light-traffic threshold by
+    itself: the time spent sending must switch batching on, or throughput collapses."""
+    node = Node(driver, ["t"])
+    node.sub.start()
+    stats = Stats("p", "p")
+    pub = Publisher(SlowTransport(driver.publisher(stats), 200e-6), "pub", PublisherOptions(batch_linger=0.002), stats)
+    for i in range(1000):
+        pub.publish("t", "tbl", f"k{i}", "update", i + 1)
+    pub.flush()
+    wait_for(lambda: len(node.events) == 1000, timeout=5, what="every event")
+    assert pub.stats.get("envelopes_out") < 100  # unbatched it would take 1000 sends, 0.2 s
+    pub.close()
+    node.sub.close()
