@@ -142,7 +142,7 @@ class VersionedCache:
                 """Whether a cached version the listing does not show stays."""
                 return revision is None or (version > revision and ident in recent)
 
-            if not objects and not tombstones:  # a first sync: every object is new
+            if revision is not None and not objects and not tombstones:  # a first sync: every object is new
                 truth = truth if isinstance(truth, list) else list(truth)
                 new, create = tuple.__new__, Action.CREATE
                 objects.update({(obj[1], obj[2]): obj for obj in truth})

@@ -140,3 +140,32 @@ def test_relist_equals_the_full_listing_path(scenario):
         assert as_dict(new) == as_dict(old) == listing(store)
     finally:
         store.close()
+
+
+def test_a_controller_resync_replaces_a_forged_event(tmp_path):
+    """End to end: a forged event with the highest version reaches a controller over a real
+    transport; the next resync puts the store's object back, and later genuine writes apply."""
+    from dfpubsub import Publisher, PublisherOptions, load_driver
+    from dfpubsub.controller import Controller
+    from dfpubsub.metrics import Stats
+    from tests.conftest import wait_for
+
+    store = open_store(f"sqlite://{tmp_path}/nb.sqlite", TABLES)
+    real = store.create("port", "p1", {"mac": "aa"})
+    driver = load_driver(f"memory://relist-{tmp_path.name}")
+    ctrl = Controller(store, driver.subscriber(Stats("s", "s")), TOPICS).start()
+    stats = Stats("p", "p")
+    pub = Publisher(driver.publisher(stats), "forger", PublisherOptions(batch_linger=0), stats)
+    try:
+        assert ctrl.synced.wait(10) and ctrl.cache.get("port", "p1") == real
+        pub.publish("port", "port", "p1", "update", FORGED, {"mac": "evil"})
+        wait_for(lambda: ctrl.cache.version("port", "p1") == FORGED, what="the forged event applied")
+        ctrl.subscriber.request_resync(TOPICS, reason="test")
+        wait_for(lambda: ctrl.cache.get("port", "p1") == real, what="the resync to restore the store's object")
+        newer = store.update("port", "p1", {"mac": "bb"})
+        pub.publish("port", "port", "p1", "update", newer.version, newer.value)
+        wait_for(lambda: ctrl.cache.get("port", "p1") == newer, what="the genuine update to apply")
+    finally:
+        pub.close()
+        ctrl.stop()
+        store.close()
