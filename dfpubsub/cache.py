@@ -101,8 +101,8 @@ class VersionedCache:
         cache holds otherwise (to be read) and of those it holds exactly so."""
         stale: list[tuple[str, str]] = []
         same: list[tuple[str, str]] = []
-        objects = self._objects
         with self._lock:
+            objects = self._objects
             for topic, table, key, version in versions:
                 ident = (table, key)
                 obj = objects.get(ident)
@@ -134,8 +134,8 @@ class VersionedCache:
         topics = set(topics)
         changes: list[Change] = []
         now = self._clock()
-        objects, tombstones = self._objects, self._tombstones
         with self._lock:
+            objects, tombstones = self._objects, self._tombstones
             recent, self._recent = self._recent or set(), None
 
             def kept(version: int, ident: tuple[str, str]) -> bool:
@@ -145,7 +145,7 @@ class VersionedCache:
             if revision is not None and not objects and not tombstones:  # a first sync: every object is new
                 truth = truth if isinstance(truth, list) else list(truth)
                 new, create = tuple.__new__, Action.CREATE
-                objects.update({(obj[1], obj[2]): obj for obj in truth})
+                self._objects = {(obj[1], obj[2]): obj for obj in truth}  # built once, not copied in
                 # tuple.__new__ skips the named tuple's Python-level __new__ (see SqliteStore._objects).
                 return [new(Change, (create, *obj, None)) for obj in truth]
             seen: set[tuple[str, str]] = set(same)
