@@ -148,14 +148,17 @@ class VersionedCache:
                 self._objects = {(obj[1], obj[2]): obj for obj in truth}  # built once, not copied in
                 # tuple.__new__ skips the named tuple's Python-level __new__ (see SqliteStore._objects).
                 return [new(Change, (create, *obj, None)) for obj in truth]
-            seen: set[tuple[str, str]] = set(same)
-            append = changes.append
+            same = same if isinstance(same, (list, tuple, set)) else list(same)
+            listed: list[tuple[str, str]] = []  # the idents of truth
+            present = len(same)  # listed objects the cache holds after the loop
+            append, note = changes.append, listed.append
             for obj in truth:  # the hot loop of a resync: 100k objects and more
                 topic, table, key, version, value = obj
                 ident = (table, key)
-                seen.add(ident)
+                note(ident)
                 previous = objects.get(ident)
                 if previous is not None:
+                    present += 1
                     if version == previous.version or (version < previous.version and kept(previous.version, ident)):
                         continue
                     append(Change(Action.UPDATE, topic, table, key, version, value, previous))
@@ -166,8 +169,15 @@ class VersionedCache:
                             if version <= tomb[0] and kept(tomb[0], ident):
                                 continue
                             del tombstones[ident]
+                    present += 1
                     append(Change(Action.CREATE, topic, table, key, version, value, None))
                 objects[ident] = obj
+            if revision is not None and present == len(objects):
+                # A store's listing names each object once: every cached object is listed, none
+                # is to be deleted, and the pass over all of them can be left out.
+                return changes
+            seen = set(same)
+            seen.update(listed)
             for ident, obj in list(objects.items()):
                 if obj.topic in topics and ident not in seen:
                     if revision is not None and kept(obj.version, ident):
