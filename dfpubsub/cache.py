@@ -45,6 +45,8 @@ class VersionedCache:
         # (table, key) -> (version, time of deletion)
         self._tombstones: dict[tuple[str, str], tuple[int, float]] = {}
         self._next_purge = 0.0
+        #: What events changed since :meth:`begin_relist` (None: no relist under way).
+        self._recent: set[tuple[str, str]] | None = None
 
     def apply(self, event: Event) -> bool:
         """Apply ``event`` if it is newer than the cached state; return whether it was."""
@@ -59,6 +61,8 @@ class VersionedCache:
             else:
                 self._tombstones.pop(ident, None)
                 self._objects[ident] = VersionedObject(event.topic, event.table, event.key, event.version, event.value)
+            if self._recent is not None:
+                self._recent.add(ident)
             return True
 
     def get(self, table: str, key: str) -> VersionedObject | None:
@@ -86,46 +90,103 @@ class VersionedCache:
     def __iter__(self) -> Iterator[VersionedObject]:
         return iter(self.items())
 
-    def reconcile(self, topics: Iterable[str], truth: Iterable[VersionedObject]) -> list[Change]:
+    def begin_relist(self) -> None:
+        """Note from now on which objects events change, until the next :meth:`reconcile`: the
+        only cached versions a listing read after this call may fail to show."""
+        with self._lock:
+            self._recent = set()
+
+    def diff(self, versions: Iterable[tuple[str, str, str, int]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """Split a listing of (topic, table, key, version) into the (table, key) of the objects the
+        cache holds otherwise (to be read) and of those it holds exactly so."""
+        stale: list[tuple[str, str]] = []
+        same: list[tuple[str, str]] = []
+        with self._lock:
+            objects = self._objects
+            for topic, table, key, version in versions:
+                ident = (table, key)
+                obj = objects.get(ident)
+                if obj is None or obj[3] != version or obj[0] != topic:
+                    stale.append(ident)
+                else:
+                    same.append(ident)
+        return stale, same
+
+    def reconcile(self, topics: Iterable[str], truth: Iterable[VersionedObject], revision: int | None = None,
+                  same: Iterable[tuple[str, str]] = ()) -> list[Change]:
         """Make the objects of ``topics`` equal to ``truth`` (a full listing of them).
 
         Returns the changes the cache had missed, as an informer's relist does:
-        creates and updates for objects that are newer in the truth, deletes for
-        objects the truth no longer has. Objects newer in the cache than in the
-        listing are kept. The caller must not apply events while the listing is
-        read and reconciled (the subscriber's dispatch thread does both), so
-        that an object missing from the listing was really deleted.
+        creates and updates for objects that differ in the truth, deletes for
+        objects the truth no longer has. ``same`` are more objects of the
+        listing, which the cache holds exactly as listed (see :meth:`diff`).
+
+        Truth wins: ``revision`` is the store revision the listing reflects
+        (:meth:`Store.list_at`). A cached version the listing does not show is
+        kept only if it is provably newer than the listing: above ``revision``
+        and applied since :meth:`begin_relist`. Anything else (a forged version,
+        however high) is replaced by the store's. Without ``revision`` (a
+        listing from elsewhere, such as a snapshot), cached versions higher
+        than the listing's are kept. The caller must not apply events between
+        reading the listing and reconciling it unless it called
+        :meth:`begin_relist` before the listing was read.
         """
         topics = set(topics)
         changes: list[Change] = []
-        seen: set[tuple[str, str]] = set()
         now = self._clock()
-        objects, tombstones = self._objects, self._tombstones
-        append = changes.append
         with self._lock:
+            objects, tombstones = self._objects, self._tombstones
+            recent, self._recent = self._recent or set(), None
+
+            def kept(version: int, ident: tuple[str, str]) -> bool:
+                """Whether a cached version the listing does not show stays."""
+                return revision is None or (version > revision and ident in recent)
+
+            if revision is not None and not objects and not tombstones:  # a first sync: every object is new
+                truth = truth if isinstance(truth, list) else list(truth)
+                new, create = tuple.__new__, Action.CREATE
+                self._objects = {(obj[1], obj[2]): obj for obj in truth}  # built once, not copied in
+                # tuple.__new__ skips the named tuple's Python-level __new__ (see SqliteStore._objects).
+                return [new(Change, (create, *obj, None)) for obj in truth]
+            same = same if isinstance(same, (list, tuple, set)) else list(same)
+            listed: list[tuple[str, str]] = []  # the idents of truth
+            present = len(same)  # listed objects the cache holds after the loop
+            append, note = changes.append, listed.append
             for obj in truth:  # the hot loop of a resync: 100k objects and more
                 topic, table, key, version, value = obj
                 ident = (table, key)
-                seen.add(ident)
+                note(ident)
                 previous = objects.get(ident)
                 if previous is not None:
-                    if version <= previous.version:
+                    present += 1
+                    if version == previous.version or (version < previous.version and kept(previous.version, ident)):
                         continue
                     append(Change(Action.UPDATE, topic, table, key, version, value, previous))
                 else:
                     if tombstones:
                         tomb = tombstones.get(ident)
                         if tomb is not None:
-                            if version <= tomb[0]:
+                            if version <= tomb[0] and kept(tomb[0], ident):
                                 continue
                             del tombstones[ident]
+                    present += 1
                     append(Change(Action.CREATE, topic, table, key, version, value, None))
                 objects[ident] = obj
-            for ident, obj in list(self._objects.items()):
+            if revision is not None and present == len(objects):
+                # A store's listing names each object once: every cached object is listed, none
+                # is to be deleted, and the pass over all of them can be left out.
+                return changes
+            seen = set(same)
+            seen.update(listed)
+            for ident, obj in list(objects.items()):
                 if obj.topic in topics and ident not in seen:
-                    del self._objects[ident]
-                    # The deletion's own version is unknown; the object's marks a floor.
-                    self._tombstones[ident] = (obj.version, now)
+                    if revision is not None and kept(obj.version, ident):
+                        continue  # created after the listing was read
+                    del objects[ident]
+                    # The deletion's own version is unknown; the object's marks a floor, and the
+                    # listing's revision bounds it (a forged version must not block later writes).
+                    floor = obj.version if revision is None else min(obj.version, revision)
+                    tombstones[ident] = (floor, now)
                     changes.append(Change(Action.DELETE, obj.topic, obj.table, obj.key, obj.version, None, obj))
         return changes
 

@@ -35,6 +35,7 @@ from .logs import RateLimitedLog
 from .metrics import Stats
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
+from .relist import relist
 from .store import Store
 from .subscriber import Subscriber, SubscriberOptions
 from .tracker import ResyncRequest
@@ -246,8 +247,12 @@ class Controller:
         return truth
 
     def _on_resync(self, topics: set[str]) -> None:
-        truth = self._list(topics)
-        changes = self.cache.reconcile(topics, truth)
+        if self.bootstrap is not None and topics - self._listed:
+            truth = self._list(topics)
+            changes, listed = self.cache.reconcile(topics, truth), len(truth)
+        else:  # versions first, truth wins (dfpubsub.relist)
+            changes, listed = relist(self.store, self.cache, topics)
+            self._listed |= topics
         reconcilers, indexers = self.reconcilers, self.indexers
         for ch in changes:
             if ch.table not in reconcilers and ch.table not in indexers:
@@ -260,7 +265,7 @@ class Controller:
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)
         log.info("resynced", extra={"controller": self.name, "topics": sorted(topics),
-                                    "objects": len(truth), "changes": len(changes)})
+                                    "objects": listed, "changes": len(changes)})
 
     def _changed(self, table: str, key: str, obj: VersionedObject | None, previous: VersionedObject | None,
                  indexer: Indexer | None) -> None:

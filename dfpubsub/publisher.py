@@ -1,11 +1,18 @@
 """The reliable publisher: sequence numbers, micro-batching and hellos over any driver.
 
-Every event gets the next sequence number of its topic. Events of a topic are
-gathered into one envelope until ``batch_max_events`` or ``batch_max_bytes``
-is reached or ``batch_linger`` has passed since the first one; a linger of 0
-turns batching off. A background thread flushes lingering batches and sends a
-hello when the publisher starts, when a new subscriber appears, and whenever
-its quietest topic has been silent for ``max_idle_time`` since the last hello.
+Every event gets the next sequence number of its topic. Batching adapts to the
+load, as Nagle's algorithm does: while the traffic is light (at most
+``_BATCH_FROM`` events in a ``_WINDOW`` of time, what controllers mostly see,
+and after any quiet spell) and the transport keeps up (sending took at most
+half of the window) an event leaves at once, in an envelope of its own, with
+the latency of an unbatched send. Beyond that, events of a topic are gathered
+into one envelope until ``batch_max_events`` or ``batch_max_bytes`` is reached
+or ``batch_linger`` has passed since the first one, so a busy publisher, or one
+on a slow transport, sends full envelopes as before; a window that was busy
+keeps the next one batching from its first event. A linger of 0 turns
+batching off. A background thread flushes lingering batches and sends a hello
+when the publisher starts, when a new subscriber appears, and whenever its
+quietest topic has been silent for ``max_idle_time`` since the last hello.
 """
 
 from __future__ import annotations
@@ -35,7 +42,15 @@ log = logging.getLogger(__name__)
 
 #: How often the background thread looks for new subscribers (seconds).
 _WELCOME_POLL = 0.1
-
+#: The rate above which events are batched: more than ``_BATCH_FROM`` events in a ``_WINDOW``
+#: (30k events/s). Below it the envelopes an event each costs the subscribers little CPU;
+#: above it they would crowd out the events (a publisher service relays envelopes, not events).
+_WINDOW = 0.001
+_BATCH_FROM = 30
+#: Nor while sending took more than this of the window: a transport whose send() waits for
+#: a server (Redis' XADD) or for room (etcd's group commit) would otherwise hold the rate
+#: under ``_BATCH_FROM`` by its own slowness and never batch.
+_SENDING = _WINDOW / 2
 
 @dataclass(slots=True)
 class PublisherOptions:
@@ -111,6 +126,13 @@ class Publisher:
         self._ticker_asleep = True
         self._last_batch = float("-inf")
         now = time.monotonic()
+        #: Events in the current rate window, its end, and whether the window before was busy
+        #: (too many events, or too long sending them).
+        self._in_window = 0
+        self._window_end = now
+        self._busy = False
+        #: Seconds spent in transport.send() in the current rate window.
+        self._sending = 0.0
         self._last_hello = now
         self._last_send = now
         with self._lock:
@@ -165,17 +187,27 @@ class Publisher:
                 raise InvalidEvent(f"event {table}/{key} is not serialisable: {exc}") from exc
             size = len(packed)
             events = st.events
+            now = time.monotonic()
+            if now >= self._window_end:
+                # A busy window keeps the next one batching from its start, unless a quiet spell
+                # followed it (a send that outlasted the window is no quiet spell).
+                self._busy = (self._in_window > _BATCH_FROM or self._sending > _SENDING) and (
+                    now < self._window_end + _WINDOW or now - self._last_send < _WINDOW)
+                self._window_end, self._in_window, self._sending = now + _WINDOW, 0, 0.0
+            self._in_window += 1
+            light = events is None and not self._busy and self._in_window <= _BATCH_FROM and \
+                self._sending <= _SENDING
             if events is None or st.size + size > st.limit:
                 # limit <= room: an event too large for any envelope never fits the current one.
                 if size > st.room:
                     raise PayloadTooLarge(
                         f"event {table}/{key} is {size} bytes packed; the limit is {st.room} (max_message_bytes)"
                     )
-                events = self._open_batch(topic, st)
+                events = self._open_batch(topic, st, now)
             seq = st.seq = st.seq + 1
             events.append(packed)
             st.size += size
-            if len(events) >= self._max_events:
+            if light or len(events) >= self._max_events:
                 self._flush_topic(topic)
             elif self._ticker_asleep:
                 # Waking a thread costs a GIL hand-off: only the first batch after a
@@ -238,11 +270,10 @@ class Publisher:
     def _sequences(self) -> dict[str, int]:
         return {topic: st.seq for topic, st in self._topics.items() if st.seq}
 
-    def _open_batch(self, topic: str, st: _Topic) -> list[bytes]:
+    def _open_batch(self, topic: str, st: _Topic, now: float) -> list[bytes]:
         """Send the topic's full batch if any, start its next one; return the new batch's events."""
         if st.events is not None:
             self._flush_topic(topic)
-        now = time.monotonic()
         if now >= self._due:
             # A busy caller holds the GIL for whole switch intervals (5 ms): flush
             # what lingered long enough here rather than wait for the thread.
@@ -282,6 +313,7 @@ class Publisher:
         self._topic_sent[topic] = self._last_send
 
     def _send(self, topic: str, frame: bytes) -> bool:
+        start = time.monotonic()
         try:
             self.transport.send(topic, frame)
         except TransportError as exc:
@@ -289,7 +321,10 @@ class Publisher:
             self._send_log.warning("send", "publish failed; subscribers will resync", topic=topic, error=str(exc))
             return False
         finally:
-            self._last_send = time.monotonic()
+            self._last_send = end = time.monotonic()
+            # Capped: a send the OS preempted is no slow transport (a transport that blocks
+            # now and then, as etcd's group commit does, batches by the event count instead).
+            self._sending += min(end - start, _SENDING / 2)
         return True
 
     def _send_hello(self, reason: str) -> None:

@@ -95,6 +95,22 @@ class Store(abc.ABC):
         """
         return self._list_versions(set(topics))
 
+    def list_at(self, topics: Iterable[str]) -> tuple[list[VersionedObject], int]:
+        """:meth:`list_topics`, and the store revision the listing reflects.
+
+        Every write up to that revision is in the listing (a listing read over
+        several requests may also show later ones). A resync needs it to tell
+        a cached version that is newer than the listing from a forged one.
+        """
+        topics = set(topics)
+        return self._list_at(topics) if topics else ([], 0)
+
+    def list_versions_at(self, topics: Iterable[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+        """:meth:`list_versions` as plain (topic, table, key, version) tuples, and the store
+        revision the listing reflects (as for :meth:`list_at`)."""
+        topics = set(topics)
+        return self._list_versions_at(topics) if topics else ([], 0)
+
     def get_many(self, refs: Iterable[tuple[str, str]]) -> list[VersionedObject]:
         """The objects of ``refs`` ((table, key) pairs) that exist, in no particular order."""
         refs = list(refs)
@@ -188,8 +204,14 @@ class Store(abc.ABC):
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]: ...
 
     def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
-        """Backends override this to leave the values on the server."""
-        return [ObjectVersion(o.topic, o.table, o.key, o.version) for o in self._list(None, topics)] if topics else []
+        return [ObjectVersion(*row) for row in self._list_versions_at(topics)[0]] if topics else []
+
+    @abc.abstractmethod
+    def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]: ...
+
+    @abc.abstractmethod
+    def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+        """Leaves the values on the server."""
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         """Backends override this to read many objects per round trip."""
@@ -238,6 +260,14 @@ class AsyncStore:
     async def list_versions(self, topics: Iterable[str]) -> list[ObjectVersion]:
         """See :meth:`Store.list_versions`."""
         return await asyncio.to_thread(self.store.list_versions, list(topics))
+
+    async def list_at(self, topics: Iterable[str]) -> tuple[list[VersionedObject], int]:
+        """See :meth:`Store.list_at`."""
+        return await asyncio.to_thread(self.store.list_at, list(topics))
+
+    async def list_versions_at(self, topics: Iterable[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+        """See :meth:`Store.list_versions_at`."""
+        return await asyncio.to_thread(self.store.list_versions_at, list(topics))
 
     async def get_many(self, refs: Iterable[tuple[str, str]]) -> list[VersionedObject]:
         """See :meth:`Store.get_many`."""

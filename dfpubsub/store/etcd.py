@@ -49,7 +49,7 @@ from aetcd.utils import prefix_range_end
 from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict
 from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints, status_code
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .outbox import Outbox
 
 __all__ = ["EtcdStore"]
@@ -275,27 +275,30 @@ class EtcdStore(Store):
                 return pages, revision
             key = page.kvs[-1].key + b"\x00"
 
-    def _read_all(self, under: bytes, keys_only: bool) -> tuple[list[Any], dict[bytes, str]]:
-        """Pages of the objects under ``under``, and the topics of those that have their own, at one revision."""
+    def _read_all(self, under: bytes, keys_only: bool) -> tuple[list[Any], dict[bytes, str], int]:
+        """Pages of the objects under ``under``, the topics of those that have their own, and the
+        revision both were read at."""
 
-        def run(kv: Any) -> tuple[list[Any], list[Any]]:
+        def run(kv: Any) -> tuple[list[Any], list[Any], int]:
             attempts = 0
             while True:
                 try:  # the objects, then their topics at the same revision
                     pages, revision = self._scan(kv, self._root + under, 0, keys_only)
-                    return pages, self._scan(kv, self._topic_root + under, revision)[0]
+                    return pages, self._scan(kv, self._topic_root + under, revision)[0], revision
                 except grpc.RpcError as exc:  # the snapshot was compacted away: start over
                     attempts += 1
                     if status_code(exc) != grpc.StatusCode.OUT_OF_RANGE or attempts == 3:
                         raise
 
-        pages, topic_pages = self._call(run)
+        pages, topic_pages, revision = self._call(run)
         skip = len(self._topic_root)
-        return pages, {kv.key[skip:]: kv.value.decode() for kvs in topic_pages for kv in kvs}
+        return pages, {kv.key[skip:]: kv.value.decode() for kvs in topic_pages for kv in kvs}, revision
 
-    def _listed(self, under: bytes, topics: set[str] | None, keys_only: bool) -> list[tuple[str, str, str, Any]]:
-        """(topic, table, key, kv) of the objects under ``under`` of ``topics`` (all if None)."""
-        pages, named = self._read_all(under, keys_only)
+    def _listed(self, under: bytes, topics: set[str] | None,
+                keys_only: bool) -> tuple[list[tuple[str, str, str, Any]], int]:
+        """(topic, table, key, kv) of the objects under ``under`` of ``topics`` (all if None), and
+        the revision they were read at."""
+        pages, named, revision = self._read_all(under, keys_only)
         out = []
         skip, tables = len(self._root), self.tables
         for kvs in pages:
@@ -307,20 +310,27 @@ class EtcdStore(Store):
                 topic = named.get(name, tbl) if named else tbl
                 if topics is None or topic in topics:
                     out.append((topic, tbl, key, kv))
-        return out
+        return out, revision
 
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
         if topics is not None and not topics:
             return []
         under = f"{table}/".encode() if table is not None else b""
-        return [VersionedObject(topic, tbl, key, kv.mod_revision, decode_value(kv.value))
-                for topic, tbl, key, kv in self._listed(under, topics, False)]
+        return self._objects(self._listed(under, topics, False)[0])
 
-    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
-        if not topics:
-            return []
-        listed = self._listed(b"", topics, True)
-        return [ObjectVersion(topic, tbl, key, kv.mod_revision) for topic, tbl, key, kv in listed]
+    @staticmethod
+    def _objects(listed: list[tuple[str, str, str, Any]]) -> list[VersionedObject]:
+        new, unpack = tuple.__new__, decode_value  # tuple.__new__: see SqliteStore._objects
+        return [new(VersionedObject, (topic, tbl, key, kv.mod_revision, unpack(kv.value)))
+                for topic, tbl, key, kv in listed]
+
+    def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
+        listed, revision = self._listed(b"", topics, False)
+        return self._objects(listed), revision
+
+    def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+        listed, revision = self._listed(b"", topics, True)
+        return [(topic, tbl, key, kv.mod_revision) for topic, tbl, key, kv in listed], revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         out: list[VersionedObject] = []

@@ -37,7 +37,7 @@ from redis.commands.core import Script
 from ..errors import AlreadyExists, ConfigError, NotFound, QueueFull, VersionConflict
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .outbox import Outbox, RedisOutbox
 
 __all__ = ["RedisStore"]
@@ -246,23 +246,33 @@ class RedisStore(Store):
         keys = list(cast("set[bytes]", c.r.smembers(self._set(table))))
         base = self._obj(table, "").encode()
         wanted = [] if topics is None else sorted(topics)
-        unpack, add = decode_value, out.append
+        unpack, add, new = decode_value, out.append, tuple.__new__
         for start in range(0, len(keys), _CHUNK):
             chunk = keys[start:start + _CHUNK]
             # One script call per chunk instead of a pipeline of HMGETs: redis-py's per-command
             # overhead dominated (about 2 s per 100k objects); this is one packed command.
             rows = c.fetch(keys=[base + k for k in chunk], args=wanted)
             for i in range(0, len(rows), 4):
-                # Keys deleted since SMEMBERS are simply absent from the reply.
-                add(VersionedObject(rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(), int(rows[i + 2]),
-                                    unpack(rows[i + 3])))
+                # Keys deleted since SMEMBERS are simply absent from the reply. tuple.__new__:
+                # see SqliteStore._objects.
+                add(new(VersionedObject, (rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(),
+                                          int(rows[i + 2]), unpack(rows[i + 3]))))
 
-    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
-        if not topics:
-            return []
+    def _revision(self, c: _Client) -> int:
+        """The revision counter, read before a listing: every write up to it is in the listing
+        (writes the listing's several commands see later may be in it too)."""
+        with self._errors("read the revision"):
+            return int(cast("bytes | None", c.r.get(self._rev)) or 0)
+
+    def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
+        revision = self._revision(self._connect())
+        return self._list(None, topics), revision
+
+    def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
         c = self._connect()
+        revision = self._revision(c)
         wanted = sorted(topics)
-        out: list[ObjectVersion] = []
+        out: list[tuple[str, str, str, int]] = []
         for table in sorted(self.tables):
             with self._errors(f"list versions of {table}"):
                 keys = list(cast("set[bytes]", c.r.smembers(self._set(table))))
@@ -270,9 +280,9 @@ class RedisStore(Store):
                 for start in range(0, len(keys), _CHUNK):
                     chunk = keys[start:start + _CHUNK]
                     rows = c.versions(keys=[base + k for k in chunk], args=wanted)
-                    out.extend(ObjectVersion(rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(), int(rows[i + 2]))
+                    out.extend((rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(), int(rows[i + 2]))
                                for i in range(0, len(rows), 3))
-        return out
+        return out, revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         c = self._connect()

@@ -15,7 +15,7 @@ from typing import Any, TypeVar, cast
 from ..errors import AlreadyExists, NotFound, VersionConflict
 from ..events import VersionedObject
 from ..sqlite_client import SqliteDb, file_location
-from .api import DEFAULT_MAX_VALUE_BYTES, ObjectVersion, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .outbox import Outbox, SqliteOutbox
 
 __all__ = ["SqliteStore"]
@@ -101,18 +101,47 @@ class SqliteStore(Store):
             args.extend(topics)
         if where:
             sql += " WHERE " + " AND ".join(where)
-        unpack = decode_value
-        return [
-            VersionedObject(topic, tbl, key, version, unpack(blob))
-            for topic, tbl, key, version, blob in self._read(sql, tuple(args))
-            if tbl in self.tables
-        ]
+        return self._objects(self._read(sql, tuple(args)))
 
-    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
-        if not topics:
-            return []
-        sql = f"SELECT topic, tbl, key, version FROM nb_objects WHERE topic IN ({','.join('?' * len(topics))})"
-        return [ObjectVersion(*row) for row in self._read(sql, tuple(topics)) if row[1] in self.tables]
+    def _objects(self, rows: list[tuple]) -> list[VersionedObject]:
+        unpack, tables, new = decode_value, self.tables, tuple.__new__
+        # tuple.__new__ skips the named tuple's Python-level __new__: a third of the cost per row.
+        return [new(VersionedObject, (topic, tbl, key, version, unpack(blob)))
+                for topic, tbl, key, version, blob in rows if tbl in tables]
+
+    def _at_revision(self, sql: str, topics: set[str]) -> tuple[list[tuple], int]:
+        """Rows of ``sql`` (its parameters: the topics) and the revision, in one read transaction."""
+
+        def read(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
+            conn.execute("BEGIN")
+            try:
+                revision = conn.execute("SELECT value FROM nb_meta WHERE name = 'revision'").fetchone()[0]
+                return conn.execute(sql, tuple(topics)).fetchall(), int(revision)
+            finally:
+                conn.execute("COMMIT")
+
+        return self._db.run(read, "list")
+
+    def _topics_clause(self, topics: set[str]) -> str:
+        """WHERE clause of a resync's listing of ``topics``.
+
+        Topics that include every table's own name likely cover most of the
+        store, and a scan of the table reads it a third faster than the index on
+        topic (a lookup per row): ``+topic`` keeps SQLite off the index.
+        """
+        column = "+topic" if topics >= self.tables else "topic"
+        return f" WHERE {column} IN ({','.join('?' * len(topics))})"
+
+    def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
+        rows, revision = self._at_revision(
+            "SELECT topic, tbl, key, version, value FROM nb_objects" + self._topics_clause(topics), topics)
+        return self._objects(rows), revision
+
+    def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+        rows, revision = self._at_revision(
+            "SELECT topic, tbl, key, version FROM nb_objects" + self._topics_clause(topics), topics)
+        tables = self.tables
+        return [row for row in rows if row[1] in tables], revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         by_table: dict[str, list[str]] = {}

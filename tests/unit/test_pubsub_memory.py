@@ -3,6 +3,8 @@
 import itertools
 import threading
 
+import time
+
 import pytest
 
 from dfpubsub import (
@@ -79,6 +81,8 @@ def test_events_flow_in_order_with_batching(driver):
     node = Node(driver, ["port"])
     node.sub.start()
     pub = publisher(driver, batch_max_events=10, batch_linger=1.0)
+    with pub._lock:  # as if the last rate window had been busy: batch from the first event
+        pub._busy, pub._window_end = True, float("inf")
     for i in range(95):
         pub.publish("port", "tbl", f"k{i}", "create", i + 1, {"i": i})
     wait_for(lambda: len(node.events) == 90, what="9 full batches")
@@ -102,6 +106,29 @@ def test_linger_flushes_a_partial_batch_and_zero_linger_turns_batching_off(drive
     for i in range(5):
         pub.publish("t", "tbl", "k", "update", i + 2)
     assert pub.stats.get("envelopes_out") == 5
+    pub.close()
+    node.sub.close()
+
+
+def test_batching_adapts_to_the_rate(driver):
+    node = Node(driver, ["t"])
+    node.sub.start()
+    pub = publisher(driver, batch_max_events=128, batch_linger=0.2)
+    pub.publish("t", "tbl", "k", "create", 1)
+    # Light traffic: the event leaves at once, whatever the linger.
+    assert pub.stats.get("envelopes_out") == 1
+    wait_for(lambda: len(node.events) == 1, timeout=2, what="the lone event")
+    # A burst far above the light-traffic rate is batched after its first events.
+    for i in range(2000):
+        pub.publish("t", "tbl", f"k{i}", "update", i + 2)
+    wait_for(lambda: len(node.events) == 2001, timeout=2, what="the burst and its last batch's linger")
+    assert pub.stats.get("envelopes_out") < 100
+    assert [e.seq for e in node.events] == list(range(1, 2002))
+    # After a quiet spell, traffic is light again.
+    wait_for(lambda: time.monotonic() > pub._window_end + 0.002, what="a quiet spell")
+    sent = pub.stats.get("envelopes_out")
+    pub.publish("t", "tbl", "k", "update", 3000)
+    assert pub.stats.get("envelopes_out") == sent + 1
     pub.close()
     node.sub.close()
 
@@ -329,4 +356,36 @@ def test_envelope_with_a_bad_event_is_counted_and_its_topic_resynced(driver):
     wait_for(lambda: len(node.resyncs) == 2, what="the bad event's resync")
     assert node.sub.stats.get("decode_errors", "malformed") == 1
     assert [g.reason for g in node.gaps] == ["bad_event"]
+    node.sub.close()
+
+
+class SlowTransport:
+    """A real memory transport whose send() takes as long as a round trip to a server."""
+
+    def __init__(self, inner, delay):
+        self.inner, self.delay = inner, delay
+
+    def send(self, topic, frame):
+        end = time.monotonic() + self.delay
+        while time.monotonic() < end:  # a busy wait: sleep() would overshoot far more than 200 us
+            pass
+        self.inner.send(topic, frame)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_slow_transport_makes_the_publisher_batch(driver):
+    """A send that waits for a server holds the event rate under the light-traffic threshold by
+    itself: the time spent sending must switch batching on, or throughput collapses."""
+    node = Node(driver, ["t"])
+    node.sub.start()
+    stats = Stats("p", "p")
+    pub = Publisher(SlowTransport(driver.publisher(stats), 200e-6), "pub", PublisherOptions(batch_linger=0.002), stats)
+    for i in range(1000):
+        pub.publish("t", "tbl", f"k{i}", "update", i + 1)
+    pub.flush()
+    wait_for(lambda: len(node.events) == 1000, timeout=5, what="every event")
+    assert pub.stats.get("envelopes_out") < 100  # unbatched it would take 1000 sends, 0.2 s
+    pub.close()
     node.sub.close()

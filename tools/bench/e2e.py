@@ -214,6 +214,12 @@ def account(rec: Recorder, reports: list[dict[str, Any]],
     return lost, dups, cpu
 
 
+def percentiles_ms(latencies: list[float]) -> dict[str, float]:
+    """``p50_ms`` and ``p99_ms`` of latencies given in seconds."""
+    lat = sorted(latencies)
+    return {"p50_ms": lat[len(lat) // 2] * 1e3 if lat else 0.0, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3 if lat else 0.0}
+
+
 def stop_all(procs: list[BaseProcess]) -> None:
     """Join the children, terminating those that do not exit within 5 s."""
     for p in procs:
@@ -237,10 +243,8 @@ def sub_worker(conn: Connection, warm: MpEvent, spec: DriverSpec) -> None:
     expected: dict[str, Any] = conn.recv()  # the publisher's report: its id and final sequences
     lost, dups, cpu = account(rec, [expected], started)
     sub.close()
-    lat = sorted(rec.latencies)
     conn.send({
-        "delivered": rec.count, "rate": rec.rate(),
-        "p50_ms": lat[len(lat) // 2] * 1e3 if lat else 0.0, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3 if lat else 0.0,
+        "delivered": rec.count, "rate": rec.rate(), **percentiles_ms(rec.latencies),
         "lost_undetected": lost, "duplicates": dups, "cpu": cpu, "stats": stats.snapshot(),
         "requests": dict(Counter(f"{r.reason}{'' if r.missing else ' (no range)'}" for r in rec.requests)),
     })

@@ -9,6 +9,10 @@ TCP, with ~200-byte events round-robin on four topics:
   Baseline and phase 1 alternate for ``--rounds`` rounds; the best of each counts.
 * phase 2, latency: the full stack at half the phase-1 rate, paced in 1 ms bursts;
   p50/p99 of ``time.time() - event.timestamp`` taken in the handler.
+* phase 3, low rate: raw pyzmq, then the full stack, each at a steady ``LOW_RATE``
+  (10k events/s, paced alike); p50/p99 latency as in phase 2 (the raw subscriber
+  reads the clock on the same events). This is the latency of light traffic, the
+  one controllers mostly see.
 
 After each full-stack phase the publisher flushes, closes (bye) and reports its
 final sequences; the subscriber waits until every (topic, seq) sent was delivered
@@ -40,10 +44,13 @@ from dfpubsub.tools.bench.e2e import (
     TOPICS,
     VALUE,
     DriverSpec,
+    percentiles_ms,
     run_pair,
     run_phase,
     send_loop,
 )
+
+LOW_RATE = 10_000  # events/s of phase 3
 
 SPEC = DriverSpec("zmq+tcp://127.0.0.1:*", "zmq", {"sndhwm": HWM, "rcvhwm": HWM}, connect=True)
 
@@ -83,6 +90,7 @@ def base_sub_worker(conn: Connection, warm: MpEvent) -> None:
     recv, unpackb, now = sock.recv_multipart, msgpack.unpackb, time.time
     count = last_count = size = 0
     first = last = 0.0
+    latencies: list[float] = []
     done: dict[str, Any] | None = None
     while done is None or count < done["sent"]:
         try:
@@ -96,13 +104,15 @@ def base_sub_worker(conn: Connection, warm: MpEvent) -> None:
         if topic == b"warm":
             warm.set()
             continue
-        unpackb(data)
+        event = unpackb(data)
         count += 1
         if count % SAMPLE == 1:  # the clock is read as in the full-stack handler
             last, last_count, size = now(), count, len(data)
             first = first or last
+            latencies.append(last - event["timestamp"])
     window = last - first
-    conn.send({"received": count, "rate": (last_count - 1) / window if window > 0 else 0.0, "size": size})
+    conn.send({"received": count, "rate": (last_count - 1) / window if window > 0 else 0.0, "size": size,
+               **percentiles_ms(latencies)})
     sock.close()
 
 
@@ -128,10 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         flat_rate, lost = max(flat_rate, flat["rate"]), lost + flat["lost_undetected"]
     paced = run_phase(ctx, "latency", 0.24 * total, flat_rate / 2, SPEC)
     lost += paced["lost_undetected"]
+    _, base_low = run_pair(ctx, "baseline-low-rate", base_pub_worker, base_sub_worker, 0.16 * total, LOW_RATE)
+    print(f"[baseline-low-rate] raw pyzmq at {LOW_RATE}/s: latency p50 {base_low['p50_ms']:.3f} ms, "
+          f"p99 {base_low['p99_ms']:.3f} ms", flush=True)
+    low = run_phase(ctx, "low-rate", 0.16 * total, LOW_RATE, SPEC)
+    lost += low["lost_undetected"]
     print(json.dumps({
         "bench": "zmq_e2e", "events_per_s": round(flat_rate), "baseline_events_per_s": round(base_rate),
         "ratio": round(flat_rate / base_rate, 2) if base_rate else 0.0,
-        "p50_ms": round(paced["p50_ms"], 3), "p99_ms": round(paced["p99_ms"], 3), "lost_undetected": lost,
+        "p50_ms": round(paced["p50_ms"], 3), "p99_ms": round(paced["p99_ms"], 3),
+        "low_rate_p50_ms": round(low["p50_ms"], 3), "low_rate_p99_ms": round(low["p99_ms"], 3),
+        "baseline_low_rate_p50_ms": round(base_low["p50_ms"], 3),
+        "baseline_low_rate_p99_ms": round(base_low["p99_ms"], 3), "lost_undetected": lost,
     }), flush=True)
     return 0 if lost == 0 else 1
 
