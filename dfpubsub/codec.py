@@ -166,7 +166,7 @@ def _seqs(obj: dict) -> dict[str, int]:
     return seqs
 
 
-def _check_size(data: bytes, max_bytes: int) -> None:
+def _check_size(data: bytes | memoryview, max_bytes: int) -> None:
     if len(data) > max_bytes:
         raise DecodeError("oversize", f"{len(data)} bytes > limit {max_bytes}")
 
@@ -177,7 +177,7 @@ def _msgpack_error(exc: Exception) -> DecodeError:
     return DecodeError("not_msgpack", str(exc)[:200])
 
 
-def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
+def decode(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     """Decode and validate one envelope frame completely; raise :class:`DecodeError` if invalid."""
     _check_size(data, max_bytes)
     try:
@@ -198,7 +198,7 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     return env
 
 
-def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check_events: bool = True) -> Envelope:
+def decode_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check_events: bool = True) -> Envelope:
     """Decode an envelope but only count the events of an event envelope.
 
     The result's ``events`` is None and ``frame`` keeps the bytes for
@@ -239,7 +239,7 @@ def decode_header(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, check
                 for _ in range(count):
                     unpacker.skip()
             else:
-                obj[key] = unpacker.unpack()  # type: ignore[index]
+                obj[key] = unpacker.unpack()
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise _msgpack_error(exc) from exc
     if check_events and unpacker.tell() != len(data):
@@ -285,7 +285,7 @@ def _str_at(head: bytes, pos: int) -> tuple[str, int]:
     return head[pos:end].decode("utf-8"), end
 
 
-def _event_header(data: bytes) -> tuple[EventBatch, int] | None:
+def _event_header(data: bytes | memoryview) -> tuple[EventBatch, int] | None:
     """The header of an event envelope laid out as :func:`encode_batch` lays it out and where
     its events array starts; None for anything else.
 
@@ -337,7 +337,7 @@ def _event_header(data: bytes) -> tuple[EventBatch, int] | None:
     return EventBatch(pid, name, topic, seq, sent_at, None, count, data), start
 
 
-def _check_events(data: bytes, start: int) -> None:
+def _check_events(data: bytes | memoryview, start: int) -> None:
     """Check that the events array at ``start`` is well-formed msgpack and ends the frame.
 
     One C-level skip of the whole array, rather than one skip per event.
@@ -368,7 +368,7 @@ def decode_events(batch: EventBatch, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     return events[skip:skip + batch.count] if skip else events
 
 
-def _envelope(obj: dict, data: bytes) -> Envelope:
+def _envelope(obj: dict, data: bytes | memoryview) -> Envelope:
     """Validate the fields every kind shares and build the envelope (events left to the caller)."""
     version = obj.get("v")
     if type(version) is not int:
@@ -402,7 +402,7 @@ def _envelope(obj: dict, data: bytes) -> Envelope:
 
 def _events(raw: list, topic: str, seq: int, pid: str, sent_at: float) -> list[Event]:
     _check_count(seq, len(raw))
-    events = []
+    events: list[Event] = []
     append = events.append
     actions = ACTIONS
     s = seq

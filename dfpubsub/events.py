@@ -100,7 +100,7 @@ class EventBatch:
     sent_at: float
     events: list[Event] | None
     count: int = -1
-    frame: bytes = b""
+    frame: bytes | memoryview = b""
 
     def __post_init__(self) -> None:
         if self.count < 0:

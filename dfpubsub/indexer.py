@@ -9,6 +9,8 @@ scanning the table.
 
 from __future__ import annotations
 
+import builtins
+
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -99,13 +101,13 @@ class Lister:
         """Every cached object of the table."""
         return self._cache.items(table=self.table)
 
-    def by_index(self, name: str, value: Hashable) -> list[VersionedObject]:
+    def by_index(self, name: str, value: Hashable) -> builtins.list[VersionedObject]:
         """Cached objects filed under ``value`` in index ``name``."""
         get = self._cache.get
         found = (get(self.table, k) for k in self.index_keys(name, value))
         return [o for o in found if o is not None]
 
-    def index_keys(self, name: str, value: Hashable) -> list[str]:
+    def index_keys(self, name: str, value: Hashable) -> builtins.list[str]:
         """Keys filed under ``value`` in index ``name``."""
         if self._indexer is None:
             raise KeyError(f"table {self.table} has no indexes")

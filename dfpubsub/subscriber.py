@@ -20,11 +20,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from .api import SubscriberTransport
 from .codec import DEFAULT_MAX_MESSAGE_BYTES, decode_events, decode_header
 from .errors import ClosedError, DecodeError
-from .events import CONTROL_TOPIC, Event, EventBatch, validate_topic
+from .events import CONTROL_TOPIC, Bye, Event, EventBatch, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
 from .resync import ResyncScheduler
@@ -235,7 +236,7 @@ class Subscriber:
                         self._enqueue(batch)
                 else:
                     stats.inc("hellos_in")
-                    tracker.on_hello(env, now)
+                    tracker.on_hello(cast(Hello | Bye, env), now)
             deadline = tracker.next_deadline()
             if (deadline is not None and deadline <= now) or now >= next_tick:
                 for batch in tracker.tick(now):

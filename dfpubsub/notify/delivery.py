@@ -220,8 +220,9 @@ class DeliveryWorker:
         if link is None:
             own = self.options.endpoint_inflight
             try:
-                endpoint: Endpoint | None = open_endpoint(topic.endpoint, format=topic.format, options=dict(options))
-                own = endpoint.max_inflight or own
+                opened = open_endpoint(topic.endpoint, format=topic.format, options=dict(options))
+                endpoint: Endpoint | None = opened
+                own = opened.max_inflight or own
             except EndpointRejected as exc:
                 endpoint = None
                 log.error("bad endpoint; its entries go to the dead letters", extra={"topic": topic.name,
