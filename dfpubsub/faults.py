@@ -6,13 +6,15 @@ one happen on demand, on any driver, without touching the code under test.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 
 from .api import PublisherTransport
 from .events import CONTROL_TOPIC
 
-__all__ = ["LossyTransport", "drop_every", "drop_nth"]
+__all__ = ["LossyTransport", "KillOnSend", "drop_every", "drop_nth"]
 
 DropRule = Callable[[str, int], bool]
 
@@ -53,6 +55,32 @@ class LossyTransport(PublisherTransport):
             if self.rule(topic, n):
                 self.dropped += 1
                 return
+        self.inner.send(topic, frame)
+
+    def new_subscribers(self) -> int:
+        return self.inner.new_subscribers()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class KillOnSend(PublisherTransport):
+    """Wraps ``inner`` and SIGKILLs this process when it is handed its first event envelope.
+
+    A writer publishing through it dies after its store write committed and
+    before anything about it left: the write/publish window, on demand.
+    """
+
+    def __init__(self, inner: PublisherTransport):
+        self.inner = inner
+
+    @property
+    def uri(self) -> str:
+        return self.inner.uri
+
+    def send(self, topic: str, frame: bytes) -> None:
+        if topic != CONTROL_TOPIC:
+            os.kill(os.getpid(), signal.SIGKILL)
         self.inner.send(topic, frame)
 
     def new_subscribers(self) -> int:

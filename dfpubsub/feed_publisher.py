@@ -150,13 +150,13 @@ class FeedPublisher:
             try:
                 if entry.action is Action.DELETE:
                     publish(entry.topic, table, key, Action.DELETE, entry.revision)
-                    continue
-                obj = current.get((table, key))
-                if obj is None:  # deleted since: its delete's entry follows
-                    self.stats.inc("feed_gone_since")
-                    continue
-                self._topics.add(obj.topic)
-                publish(obj.topic, table, key, entry.action, obj.version, obj.value)
+                else:
+                    obj = current.get((table, key))
+                    if obj is None:  # deleted since: its delete's entry follows
+                        self.stats.inc("feed_gone_since")
+                        continue
+                    self._topics.add(obj.topic)
+                    publish(obj.topic, table, key, entry.action, obj.version, obj.value)
                 self.stats.inc("feed_published")
             except InvalidEvent as exc:  # too large for a frame, say: subscribers find the gap and resync
                 self.stats.inc("feed_unpublishable")
@@ -181,6 +181,7 @@ class FeedPublisher:
             return out
 
     def _lost(self, why: str) -> None:
+        self.stats.inc("feed_declared_lost")
         log.warning("feed history unknown; subscribers will resync", extra={"why": why, "position": self.position,
                                                                           "topics": sorted(self._topics)})
         self.publisher.declare_lost(self._topics, "feed_lost")
