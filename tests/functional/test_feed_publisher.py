@@ -13,12 +13,16 @@ from pathlib import Path
 import pytest
 
 from dfpubsub import Publisher, PublisherOptions, SubscriberOptions, load_driver
+from dfpubsub.config import load_settings
 from dfpubsub.controller import Controller
+from dfpubsub.errors import StoreUnavailable, WriteOutcomeUnknown
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.store import FeedRetention, open_store
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import TABLES, Node
+from tests.functional.cut_proxy import CutProxy
+from tests.functional.df_db_helpers import base_env, ok
 from tests.functional.feed_helpers import FeedThread
 
 WRITER = Path(__file__).with_name("feed_writer.py")
@@ -268,3 +272,92 @@ def test_a_feed_publisher_killed_mid_stream_and_restarted_loses_nothing(tmp_path
         assert proc.wait(10) == 0
         node.ctrl.stop()
         store.close()
+
+
+@pytest.mark.parametrize("backend", ["etcd", "redis"])
+def test_a_server_killed_after_committing_an_unanswered_write_is_settled_by_the_feed(backend, request, tmp_path):
+    """The server commits, dies before answering: the writer gets WriteOutcomeUnknown, and the
+    write still reaches the controller once the server is back."""
+    server = request.getfixturevalue(f"{backend}_server")
+    proxy = CutProxy(server.port)
+    scheme = "etcd" if backend == "etcd" else "redis"
+    writer_url = f"{scheme}://127.0.0.1:{proxy.port}" + ("" if backend == "etcd" else "/0")
+    store = open_store(server.url, TABLES)
+    writer = open_store(writer_url, TABLES, timeout=3.0)
+    feed = FeedThread(store)
+    node = Node(store, feed.endpoint)
+    try:
+        writer.create("port", "warm", {})  # connections and scripts ready: only the write is in flight
+        _converge(node, store, "the first write")
+        proxy.holding = True
+        outcome = []
+
+        def write():
+            try:
+                outcome.append(writer.create("port", "ambiguous", {"v": 1}))
+            except Exception as exc:  # noqa: BLE001 - the test asserts its type below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        wait_for(lambda: store.get("port", "ambiguous") is not None, what="the server to commit the write")
+        server.kill()
+        proxy.cut()
+        thread.join(10)
+        assert isinstance(outcome[0], WriteOutcomeUnknown) and isinstance(outcome[0], StoreUnavailable), outcome
+        server.restart()
+        proxy.holding = False
+        committed = wait_value(lambda: store.get("port", "ambiguous"))
+        assert committed.value == {"v": 1}
+        _converge(node, store, "the unanswered write, once the server is back")
+    finally:
+        node.ctrl.stop()
+        feed.close()
+        for s in (store, writer):
+            s.close()
+        proxy.close()
+
+
+def wait_value(read):
+    got = []
+
+    def attempt():
+        try:
+            got.append(read())
+        except StoreUnavailable:
+            return False
+        return got[-1] is not None
+
+    wait_for(attempt, timeout=20, what="the store to answer")
+    return got[-1]
+
+
+def test_df_db_writes_with_publishing_off_reach_controllers(tmp_path):
+    url = f"sqlite://{tmp_path}/nb.sqlite"
+    store = open_store(url, TABLES)
+    feed = FeedThread(store)
+    node = Node(store, feed.endpoint)
+    try:
+        env = base_env()
+        ok(env, "--store", url, "add", "port", '{"key": "quiet", "value": 1}', "--no-publish")
+        ok(env, "--store", url, "update", "port", '{"key": "quiet", "value": 2}', "--no-publish")
+        _converge(node, store, "df-db's unpublished writes")
+        assert node.ctrl.cache.get("port", "quiet").value == 2
+    finally:
+        node.ctrl.stop()
+        feed.close()
+        store.close()
+
+
+@pytest.mark.parametrize("mode,publishes", [("direct", True), ("feed", False), ("both", True)])
+def test_nbapi_publish_modes(mode, publishes, tmp_path):
+    settings = load_settings(None, {"store": {"url": f"sqlite://{tmp_path}/nb.sqlite", "tables": TABLES},
+                                    "pubsub": {"driver": "memory"}, "nbapi": {"publish": mode},
+                                    "feed": {"max_entries": 500}})
+    with NbApi.from_settings(settings) as api:
+        assert (api.publisher is not None) is publishes
+        assert api.store.feed_retention.max_entries == 500
+        head = api.store.feed_head()
+        api.create("port", "p", {})
+        assert [e.key for e in api.store.read_feed(head)] == ["p"]  # the feed has it in every mode
+    assert load_settings().nbapi.publish == "both"
