@@ -6,11 +6,11 @@ increasing across every process sharing the file. Readers never block writers
 (WAL). A forked child reopens its own connection.
 
 The change feed (:mod:`dfpubsub.store.feed`) is the append-only table
-``nb_feed`` keyed by revision. Triggers on ``nb_objects`` append creates and
-updates, so those writes stay one statement; a delete appends in its own
-transaction. Every 256th revision a trigger drops the entries beyond the
-retained count and raises the horizon (``nb_meta.feed_horizon``: entries at or
-below it are gone). A reader waits on this process's writers (a condition
+``nb_feed`` keyed by revision. The trigger that stores each create's and
+update's revision appends its entry too, so those writes stay one statement; a
+delete appends in its own transaction. Every revision has its entry, so
+history is gone below the oldest entry kept. The writer of every 256th
+revision drops the entries beyond the retained count. A reader waits on this process's writers (a condition
 they notify after each commit) and polls ``PRAGMA data_version`` every
 millisecond for other processes' commits.
 """
@@ -46,10 +46,6 @@ CREATE TABLE IF NOT EXISTS nb_objects (
 CREATE INDEX IF NOT EXISTS nb_objects_topic ON nb_objects (topic);
 CREATE TABLE IF NOT EXISTS nb_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO nb_meta VALUES ('revision', 0);
-CREATE TRIGGER IF NOT EXISTS nb_revision_on_insert AFTER INSERT ON nb_objects
-BEGIN UPDATE nb_meta SET value = NEW.version WHERE name = 'revision'; END;
-CREATE TRIGGER IF NOT EXISTS nb_revision_on_update AFTER UPDATE OF version ON nb_objects
-BEGIN UPDATE nb_meta SET value = NEW.version WHERE name = 'revision'; END;
 CREATE TABLE IF NOT EXISTS nb_feed (
     rev INTEGER PRIMARY KEY,
     topic TEXT NOT NULL,
@@ -58,25 +54,33 @@ CREATE TABLE IF NOT EXISTS nb_feed (
     action TEXT NOT NULL,
     at INTEGER NOT NULL DEFAULT (unixepoch())
 );
--- A file written before the feed existed has no history below its revision now.
-INSERT OR IGNORE INTO nb_meta SELECT 'feed_horizon', value FROM nb_meta WHERE name = 'revision';
-INSERT OR IGNORE INTO nb_meta VALUES ('feed_max', 100000);
-CREATE TRIGGER IF NOT EXISTS nb_feed_on_insert AFTER INSERT ON nb_objects
-BEGIN INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (NEW.version, NEW.topic, NEW.tbl, NEW.key, 'create'); END;
-CREATE TRIGGER IF NOT EXISTS nb_feed_on_update AFTER UPDATE OF version ON nb_objects
-BEGIN INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (NEW.version, NEW.topic, NEW.tbl, NEW.key, 'update'); END;
-CREATE TRIGGER IF NOT EXISTS nb_feed_trim AFTER INSERT ON nb_feed WHEN NEW.rev % 256 = 0
+-- One trigger per write statement stores the revision and appends the feed's entry: two
+-- triggers each cost a trigger program per write. Files made before the feed had one that
+-- stored the revision only.
+BEGIN;
+DROP TRIGGER IF EXISTS nb_revision_on_insert;
+DROP TRIGGER IF EXISTS nb_revision_on_update;
+CREATE TRIGGER IF NOT EXISTS nb_write_on_insert AFTER INSERT ON nb_objects
 BEGIN
-  UPDATE nb_meta SET value = max(value, NEW.rev - (SELECT value FROM nb_meta WHERE name = 'feed_max'))
-   WHERE name = 'feed_horizon';
-  DELETE FROM nb_feed WHERE rev <= (SELECT value FROM nb_meta WHERE name = 'feed_horizon');
+  UPDATE nb_meta SET value = NEW.version WHERE name = 'revision';
+  INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (NEW.version, NEW.topic, NEW.tbl, NEW.key, 'create');
 END;
+CREATE TRIGGER IF NOT EXISTS nb_write_on_update AFTER UPDATE OF version ON nb_objects
+BEGIN
+  UPDATE nb_meta SET value = NEW.version WHERE name = 'revision';
+  INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (NEW.version, NEW.topic, NEW.tbl, NEW.key, 'update');
+END;
+COMMIT;
 """
 _FEED_DELETE = "INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (?, ?, ?, ?, 'delete')"
-# Entries first, horizon second: the horizon only rises, so one at or below ``after`` once the
-# entries were read proves none of them had been dropped before.
 _FEED_READ = "SELECT rev, topic, tbl, key, action FROM nb_feed WHERE rev > ? ORDER BY rev LIMIT ?"
-_FEED_HORIZON = "SELECT value FROM nb_meta WHERE name = 'feed_horizon'"
+# Every revision has its entry, so history is gone below the oldest one kept, or up to the
+# revision when none is (all dropped, or a file written before the feed existed).
+_FEED_HORIZON = ("SELECT coalesce((SELECT min(rev) FROM nb_feed) - 1, "
+                 "(SELECT value FROM nb_meta WHERE name = 'revision'))")
+_FEED_TRIM = "DELETE FROM nb_feed WHERE rev <= ?"
+#: A writer drops the entries beyond the retained count when its version is a multiple of this.
+_TRIM_EVERY = 256
 #: Seconds between two looks at other processes' commits while a feed reader waits.
 _FEED_POLL = 0.001
 
@@ -138,8 +142,6 @@ class SqliteStore(Store):
         self.path = path
         self.location = file_location(path)
         self._db = SqliteDb(path, _SCHEMA, "store", timeout=busy_timeout, synchronous=synchronous)
-        self._db.fetchall("UPDATE nb_meta SET value = ? WHERE name = 'feed_max'",
-                          (self.feed_retention.max_entries,), "configure the feed")
         # :memory: is private to this object: its own waker.
         self._waker = _waker(self.location) if self.location else _Waker()
         self._watch: sqlite3.Connection | None = None  # data_version of other processes' commits
@@ -219,18 +221,24 @@ class SqliteStore(Store):
         if outbox is None:
             # fetchall, not fetchone: the statement must run to its end to commit.
             rows = self._db.fetchall(sql, args, "write")
-            self._waker.notify()
-            return rows[0] if rows else None
+            row = rows[0] if rows else None
+        else:
+            def run(conn: sqlite3.Connection) -> tuple | None:
+                rows = conn.execute(sql, args).fetchall()
+                if rows:
+                    cast(SqliteOutbox, outbox).apply(conn, rows[0][0])
+                return rows[0] if rows else None
 
-        def run(conn: sqlite3.Connection) -> tuple | None:
-            rows = conn.execute(sql, args).fetchall()
-            if rows:
-                cast(SqliteOutbox, outbox).apply(conn, rows[0][0])
-            return rows[0] if rows else None
-
-        row = self._write(run)
-        self._waker.notify()
+            row = self._write(run)
+        if row is not None:
+            self._committed(row[0])
         return row
+
+    def _committed(self, version: int) -> None:
+        """After a write: wake this process's feed readers; now and then, trim the feed."""
+        self._waker.notify()
+        if version % _TRIM_EVERY == 0:
+            self._db.fetchall(_FEED_TRIM, (version - self.feed_retention.max_entries,), "trim the feed")
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
                 outbox: Outbox | None) -> VersionedObject:
@@ -266,7 +274,7 @@ class SqliteStore(Store):
             return VersionedObject(row[0], table, key, version, None)
 
         obj = self._write(run)
-        self._waker.notify()
+        self._committed(obj.version)
         return obj
 
     def _drop_all(self) -> int:
@@ -294,8 +302,11 @@ class SqliteStore(Store):
 
     def _feed_page(self, after: int, limit: int) -> tuple[list[FeedEntry], int]:
         def run(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
-            rows = conn.execute(_FEED_READ, (after, limit)).fetchall()
-            return rows, conn.execute(_FEED_HORIZON).fetchone()[0]
+            conn.execute("BEGIN")  # one snapshot for the entries and the horizon
+            try:
+                return conn.execute(_FEED_READ, (after, limit)).fetchall(), conn.execute(_FEED_HORIZON).fetchone()[0]
+            finally:
+                conn.execute("COMMIT")
 
         rows, horizon = self._db.run(run, "read the feed")
         if horizon > after:
@@ -342,9 +353,7 @@ class SqliteStore(Store):
             (newest,) = conn.execute("SELECT coalesce(max(rev), 0) FROM nb_feed").fetchone()
             (aged,) = conn.execute("SELECT coalesce(max(rev), 0) FROM nb_feed WHERE at < ?",
                                    (int(time.time() - retention.max_age),)).fetchone()
-            horizon = max(aged, newest - retention.max_entries)
-            conn.execute("UPDATE nb_meta SET value = max(value, ?) WHERE name = 'feed_horizon'", (horizon,))
-            return conn.execute("DELETE FROM nb_feed WHERE rev <= ?", (horizon,)).rowcount
+            return conn.execute(_FEED_TRIM, (max(aged, newest - retention.max_entries),)).rowcount
 
         return self._write(run)
 
