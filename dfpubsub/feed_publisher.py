@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .errors import HistoryGone, InvalidEvent, StoreUnavailable
+from .errors import HistoryGone, InvalidEvent, StoreError
 from .events import Action, VersionedObject
 from .logs import RateLimitedLog
 from .metrics import Stats
@@ -118,7 +118,7 @@ class FeedPublisher:
         return len(entries)
 
     def run(self, stop: threading.Event) -> None:
-        """Publish until ``stop`` is set; a store that is down is retried with backoff; the feed is
+        """Publish until ``stop`` is set; a store that fails is retried with backoff; the feed is
         compacted every ``compact_interval`` seconds."""
         pause, next_compact = 0.1, 0.0
         while not stop.is_set():
@@ -129,9 +129,9 @@ class FeedPublisher:
                     next_compact = time.monotonic() + self.compact_interval
                     if removed := self.store.compact_feed():
                         self.stats.inc("feed_compacted", removed)
-            except StoreUnavailable as exc:
+            except StoreError as exc:  # unavailable, or a watch the server canceled: read again from the position
                 self.stats.inc("feed_store_errors")
-                self._trouble.warning("store", "store unavailable; retrying", error=str(exc), position=self.position)
+                self._trouble.warning("store", "cannot read the feed; retrying", error=str(exc), position=self.position)
                 stop.wait(pause)
                 pause = min(5.0, pause * 2)
 

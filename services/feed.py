@@ -53,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             announcer = PublisherAnnouncer(discovery, publisher, advertise_host=fs.advertise_host or None)
     except DfPubSubError as exc:
         log.error("cannot start", extra={"error": str(exc)})
-        for closable in (announcer, discovery, feed, publisher, store):
-            if closable is not None:
-                closable.close()
+        _close(announcer, discovery, feed, publisher, store)
         return 1
     start_metrics_server(settings.metrics.port, settings.metrics.addr)
     stop = threading.Event()
@@ -66,14 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     feed.run(stop)
     log.info("feed publisher stopping", extra={"publisher": name, "position": feed.position,
                                                "published": publisher.stats.get("feed_published")})
-    if announcer is not None:
-        announcer.close()
-    if discovery is not None:
-        discovery.close()
-    feed.close()
-    publisher.close()
-    store.close()
+    _close(announcer, discovery, feed, publisher, store)
     return 0
+
+
+def _close(*closables: object) -> None:
+    """Close what was opened, last opened first (unregister before the publisher says bye)."""
+    for closable in closables:
+        if closable is not None:
+            closable.close()  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":
