@@ -17,6 +17,7 @@ millisecond for other processes' commits.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -146,6 +147,7 @@ class SqliteStore(Store):
         self._waker = _waker(self.location) if self.location else _Waker()
         self._watch: sqlite3.Connection | None = None  # data_version of other processes' commits
         self._watch_lock = threading.Lock()
+        self._watch_pid = -1
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._db.transaction(fn)
@@ -326,8 +328,9 @@ class SqliteStore(Store):
             return 0
         with self._watch_lock:
             try:
-                if self._watch is None:
+                if self._watch is None or self._watch_pid != os.getpid():  # a forked child opens its own
                     self._watch = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                    self._watch_pid = os.getpid()
                 return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"SQLite store {self.path}: watch the feed failed: {exc}") from exc
@@ -359,7 +362,7 @@ class SqliteStore(Store):
 
     def close(self) -> None:
         with self._watch_lock:
-            if self._watch is not None:
+            if self._watch is not None and self._watch_pid == os.getpid():
                 self._watch.close()
                 self._watch = None
         self._db.close()
