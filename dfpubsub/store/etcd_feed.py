@@ -39,6 +39,7 @@ __all__ = ["EtcdFeedReader"]
 _DELETE = rpc.Event.EventType.DELETE
 _PROGRESS_EVERY = 1.0
 _QUEUED = 10_000
+_MAX_MESSAGE = 64 << 20  # one revision's events carry whole values: gRPC's 4 MiB default would cap them
 
 
 class EtcdFeedReader(FeedReader):
@@ -109,7 +110,7 @@ class EtcdFeedReader(FeedReader):
                 yield rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
 
         error: Exception
-        channel = grpc.insecure_channel(store._where())
+        channel = grpc.insecure_channel(store._where(), options=[("grpc.max_receive_message_length", _MAX_MESSAGE)])
         try:
             self._call = responses = rpc.WatchStub(channel).Watch(requests())
             for response in responses:

@@ -2,6 +2,7 @@
 history that says when it is gone; foreign entries skipped; followers woken by writers."""
 
 import itertools
+import signal
 import sqlite3
 import threading
 import time
@@ -11,7 +12,7 @@ import pytest
 import redis
 from aetcd import rpc
 
-from dfpubsub.errors import AlreadyExists, HistoryGone, NotFound, VersionConflict
+from dfpubsub.errors import AlreadyExists, HistoryGone, NotFound, StoreUnavailable, VersionConflict
 from dfpubsub.events import Action
 from dfpubsub.store import FeedRetention, open_store
 
@@ -170,3 +171,36 @@ def test_foreign_entries_are_skipped_and_counted(opener, tmp_path):
     entries = _all(store, head, 2)
     assert [x.key for x in entries] == ["before", "after"]
     assert store.feed_skipped == 2
+
+
+def test_an_etcd_that_goes_silent_fails_the_follower_instead_of_hanging_it(etcd_server):
+    """A member alive but cut off answers nothing (SIGSTOP stands in for it): the follower's
+    progress requests go unanswered, it drops the stream, and the next read watches again."""
+    store = open_store(etcd_server.url, TABLES, timeout=1.0)
+    reader = store.follow_feed(store.feed_head())
+    try:
+        store.create("port", "before", {})
+        assert [x.key for x in _read_until(reader, 1)] == ["before"]
+        etcd_server.proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            while time.monotonic() - started < 20:
+                reader.read(timeout=0.5)
+        assert time.monotonic() - started < 10
+        etcd_server.proc.send_signal(signal.SIGCONT)
+        store.create("port", "after", {})
+        assert [x.key for x in _read_until(reader, 1)] == ["after"]
+    finally:
+        etcd_server.proc.send_signal(signal.SIGCONT)
+        reader.close()
+        store.close()
+
+
+def _read_until(reader, want):
+    out, deadline = [], time.monotonic() + 15
+    while len(out) < want and time.monotonic() < deadline:
+        try:
+            out += reader.read(timeout=0.5)
+        except StoreUnavailable:
+            time.sleep(0.1)
+    return out
