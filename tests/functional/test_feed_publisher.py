@@ -33,7 +33,7 @@ _prefix = itertools.count()
 def where(request, tmp_path):
     """(url, prefix) of a fresh store location on each backend."""
     if request.param == "sqlite":
-        return f"sqlite://{tmp_path}/nb.sqlite", ""
+        return f"sqlite:///{tmp_path}/nb.sqlite", ""
     server = request.getfixturevalue(f"shared_{request.param}")
     return server.url, f"fp{next(_prefix)}-{tmp_path.name}"
 
@@ -76,7 +76,7 @@ def test_writes_with_no_publisher_reach_controllers(where):
 
 def test_a_subscriber_cut_off_while_a_publisher_writes_and_exits_converges(tmp_path):
     """The deterministic partition: cut off 4 s, 5 writes, the writer closes, the link comes back."""
-    url = f"sqlite://{tmp_path}/nb.sqlite"
+    url = f"sqlite:///{tmp_path}/nb.sqlite"
     store = open_store(url, TABLES)
     feed = FeedThread(store)
     stats = Stats("p", "api")
@@ -110,7 +110,7 @@ def test_a_subscriber_cut_off_while_a_publisher_writes_and_exits_converges(tmp_p
 
 
 def test_a_restarted_feed_publisher_resumes_from_its_cursor(tmp_path):
-    url, cursor = f"sqlite://{tmp_path}/nb.sqlite", str(tmp_path / "feed.cursor")
+    url, cursor = f"sqlite:///{tmp_path}/nb.sqlite", str(tmp_path / "feed.cursor")
     store = open_store(url, TABLES)
     first = FeedThread(store, cursor, "feed-1")
     node = Node(store, first.endpoint)
@@ -134,7 +134,7 @@ def test_a_restarted_feed_publisher_resumes_from_its_cursor(tmp_path):
 
 
 def test_history_compacted_below_the_cursor_makes_subscribers_resync(tmp_path):
-    url, cursor = f"sqlite://{tmp_path}/nb.sqlite", str(tmp_path / "feed.cursor")
+    url, cursor = f"sqlite:///{tmp_path}/nb.sqlite", str(tmp_path / "feed.cursor")
     store = open_store(url, TABLES, feed_retention=FeedRetention(max_entries=100))
     first = FeedThread(store, cursor, "feed-1")
     node = Node(store, first.endpoint)
@@ -224,7 +224,7 @@ def test_a_writer_killed_between_commit_and_publish_is_published_by_the_feed(whe
 
 def test_a_feed_publisher_killed_mid_stream_and_restarted_loses_nothing(tmp_path):
     """df-feed itself killed -9 while writes stream in, restarted on the same cursor."""
-    url, cursor = f"sqlite://{tmp_path}/nb.sqlite", tmp_path / "feed.cursor"
+    url, cursor = f"sqlite:///{tmp_path}/nb.sqlite", tmp_path / "feed.cursor"
     store = open_store(url, TABLES)
     config = tmp_path / "feed.toml"
 
@@ -333,7 +333,7 @@ def wait_value(read):
 
 
 def test_df_db_writes_with_publishing_off_reach_controllers(tmp_path):
-    url = f"sqlite://{tmp_path}/nb.sqlite"
+    url = f"sqlite:///{tmp_path}/nb.sqlite"
     store = open_store(url, TABLES)
     feed = FeedThread(store)
     node = Node(store, feed.endpoint)
@@ -351,7 +351,7 @@ def test_df_db_writes_with_publishing_off_reach_controllers(tmp_path):
 
 @pytest.mark.parametrize("mode,publishes", [("direct", True), ("feed", False), ("both", True)])
 def test_nbapi_publish_modes(mode, publishes, tmp_path):
-    settings = load_settings(None, {"store": {"url": f"sqlite://{tmp_path}/nb.sqlite", "tables": TABLES},
+    settings = load_settings(None, {"store": {"url": f"sqlite:///{tmp_path}/nb.sqlite", "tables": TABLES},
                                     "pubsub": {"driver": "memory"}, "nbapi": {"publish": mode},
                                     "feed": {"max_entries": 500}})
     with NbApi.from_settings(settings) as api:

@@ -24,7 +24,7 @@ _prefix = itertools.count()
 def opener(request, tmp_path):
     """open(**options) -> a store on one shared location per test, per backend."""
     if request.param == "sqlite":
-        url, base = f"sqlite://{tmp_path}/nb.sqlite", {}
+        url, base = f"sqlite:///{tmp_path}/nb.sqlite", {}
     else:
         server = request.getfixturevalue(f"shared_{request.param}")
         url, base = server.url, {"prefix": f"feed{next(_prefix)}-{tmp_path.name}"}

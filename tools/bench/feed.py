@@ -35,7 +35,7 @@ from dfpubsub.feed_publisher import FeedPublisher
 from dfpubsub.metrics import Stats
 from dfpubsub.publisher import Publisher, PublisherOptions
 from dfpubsub.registry import load_driver
-from dfpubsub.store import Store, open_store
+from dfpubsub.store import Store, open_store, sqlite_path
 from dfpubsub.subscriber import Subscriber
 from dfpubsub.tools.bench.backends import bench_store
 
@@ -54,7 +54,7 @@ def write_rate(store: Store, writes: int, keys: int) -> float:
 def feed_off(store: Store, url: str) -> Store:
     """A second handle on the same data whose writes append nothing to the feed (see the docstring)."""
     if store.backend == "sqlite":
-        path = url[len("sqlite://"):]
+        path = sqlite_path(url)
         off = open_store(url, TABLES)
         raw = sqlite3.connect(path, isolation_level=None)  # the schema is applied at open: swap the triggers after
         raw.executescript(_REVISION_ONLY)
