@@ -24,6 +24,8 @@ __all__ = [
     "PubSubSettings",
     "CacheSettings",
     "StoreSettings",
+    "NbApiSettings",
+    "FeedSettings",
     "ControllerSettings",
     "ArchiveSettings",
     "PublisherServiceSettings",
@@ -107,6 +109,31 @@ class StoreSettings(_Section):
     )
     max_value_bytes: int = Field(1 << 20, ge=1024, description="Largest object value, bytes (msgpack).")
     prefix: str = Field("dfpubsub", description="Key namespace on etcd and Redis.")
+
+
+class NbApiSettings(_Section):
+    """``[nbapi]``: how NbApi writers publish (docs/feed.md)."""
+
+    publish: Literal["direct", "feed", "both"] = Field(
+        "both", description="direct: publish after each write; feed: only write, df-feed publishes; "
+        "both: publish directly and let df-feed publish every committed write too (the safety net).",
+    )
+
+
+class FeedSettings(_Section):
+    """``[feed]``: the store's change feed and df-feed, which publishes it (docs/feed.md)."""
+
+    max_entries: int = Field(100_000, ge=100, description="Feed entries the store keeps at most (SQLite, Redis).")
+    max_age: float = Field(3600.0, gt=0, description="Seconds a feed entry is kept at most (SQLite, Redis; "
+                           "df-feed compacts); etcd's own compaction bounds its history.")
+    cursor: str = Field("/var/lib/dfpubsub/feed.cursor",
+                        description="df-feed: file keeping its position (one per df-feed; empty: none, "
+                        "every start makes subscribers resync).")
+    fsync: bool = Field(False, description="df-feed: fsync the cursor after each batch.")
+    batch: int = Field(1000, ge=1, description="df-feed: entries read and published per batch.")
+    compact_interval: float = Field(60.0, ge=0, description="df-feed: seconds between compactions (0: never).")
+    announce: bool = Field(True, description="df-feed: register in the [discovery] table.")
+    advertise_host: str = Field("", description="df-feed: host subscribers reach a wildcard-bound endpoint at.")
 
 
 class ControllerSettings(_Section):
@@ -229,6 +256,8 @@ class Settings(BaseSettings):
     driver: dict[str, dict[str, Any]] = Field(default_factory=dict)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    nbapi: NbApiSettings = Field(default_factory=NbApiSettings)
+    feed: FeedSettings = Field(default_factory=FeedSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     publisher_service: PublisherServiceSettings = Field(default_factory=PublisherServiceSettings)

@@ -25,6 +25,8 @@ __all__ = [
     "InvalidValue",
     "ValueTooLarge",
     "StoreUnavailable",
+    "WriteOutcomeUnknown",
+    "HistoryGone",
     "QueueError",
     "QueueNotFound",
     "QueueFull",
@@ -141,6 +143,29 @@ class ValueTooLarge(InvalidValue):
 
 class StoreUnavailable(StoreError, TransportError):
     """The store's server cannot be reached (the write may or may not have happened)."""
+
+
+class WriteOutcomeUnknown(StoreUnavailable):
+    """A write failed in flight: the server may have committed it or not.
+
+    The connection broke (or timed out) after the request left, so nobody can
+    tell from here. A committed write is still published by the change feed
+    (docs/feed.md); read the object to learn which way it went.
+    """
+
+
+class HistoryGone(StoreError):
+    """The change feed no longer holds the revisions asked for (retention or compaction).
+
+    ``horizon`` is the newest revision known to be gone (0 if the backend
+    cannot tell). A reader must resync from a listing, never skip ahead silently.
+    """
+
+    def __init__(self, after: int, horizon: int = 0, detail: str = ""):
+        self.after = after
+        self.horizon = horizon
+        super().__init__(f"change feed history after revision {after} is gone"
+                         + (f" (compacted up to {horizon})" if horizon else "") + (f": {detail}" if detail else ""))
 
 
 class QueueError(StoreError):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from .api import PublisherTransport
 from .events import CONTROL_TOPIC
 
-__all__ = ["LossyTransport", "drop_every", "drop_nth", "fault_point", "arm", "disarm", "CRASH_ENV"]
+__all__ = ["CRASH_ENV", "KillOnSend", "LossyTransport", "arm", "disarm", "drop_every", "drop_nth", "fault_point"]
 
 #: The environment variable naming the fault point where a daemon kills itself.
 CRASH_ENV = "DFPUBSUB_CRASH_AT"
@@ -108,6 +108,32 @@ class LossyTransport(PublisherTransport):
             if self.rule(topic, n):
                 self.dropped += 1
                 return
+        self.inner.send(topic, frame)
+
+    def new_subscribers(self) -> int:
+        return self.inner.new_subscribers()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class KillOnSend(PublisherTransport):
+    """Wraps ``inner`` and SIGKILLs this process when it is handed its first event envelope.
+
+    A writer publishing through it dies after its store write committed and
+    before anything about it left: the write/publish window, on demand.
+    """
+
+    def __init__(self, inner: PublisherTransport):
+        self.inner = inner
+
+    @property
+    def uri(self) -> str:
+        return self.inner.uri
+
+    def send(self, topic: str, frame: bytes) -> None:
+        if topic != CONTROL_TOPIC:
+            os.kill(os.getpid(), signal.SIGKILL)
         self.inner.send(topic, frame)
 
     def new_subscribers(self) -> int:

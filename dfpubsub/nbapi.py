@@ -3,9 +3,13 @@
 The store assigns the version; the event carries it, so every cache can tell
 newer from older whatever order events arrive in. If publishing fails the
 write still stands (the store is the truth) and subscribers find the hole by
-sequence and resync. A process that dies between the write and the publish
-sends no event at all; the optional periodic reconcile of the controllers
-covers that window (docs/store.md).
+sequence and resync. A process that dies between the write and the publish,
+or a write whose answer was lost (:class:`~dfpubsub.errors.WriteOutcomeUnknown`:
+the server may have applied it), sends no event itself: the store's change
+feed has every committed write and df-feed publishes it (docs/feed.md).
+``[nbapi] publish`` chooses: ``direct`` (publish here only), ``feed`` (only
+write; df-feed publishes) or ``both`` (the default: here for latency, df-feed
+as the safety net; subscribers drop the repeat by version).
 
 With a :class:`~dfpubsub.notify.producer.Notifier`, a write that persistent
 notification topics want enqueues their notifications: in the write's own
@@ -27,7 +31,7 @@ from .config import Settings
 from .events import Action, VersionedObject
 from .factory import create_publisher
 from .publisher import Publisher
-from .store import Store, open_store
+from .store import FeedRetention, Store, open_store
 
 if TYPE_CHECKING:
     from .notify.producer import Notifier
@@ -38,7 +42,8 @@ __all__ = ["NbApi", "AsyncNbApi", "open_store_from_settings"]
 def open_store_from_settings(settings: Settings) -> Store:
     """Open the store that ``[store]`` describes."""
     s = settings.store
-    options: dict[str, Any] = {"max_value_bytes": s.max_value_bytes}
+    options: dict[str, Any] = {"max_value_bytes": s.max_value_bytes,
+                               "feed_retention": FeedRetention(settings.feed.max_entries, settings.feed.max_age)}
     if not s.url.startswith("sqlite"):
         options["prefix"] = s.prefix
     return open_store(s.url, s.tables, **options)
@@ -55,8 +60,10 @@ class NbApi:
 
     @classmethod
     def from_settings(cls, settings: Settings, publish: bool = True) -> "NbApi":
-        """Open the configured store and, if ``publish``, a publisher on the configured driver;
-        with ``[notify] enabled``, a notifier on the configured queues."""
+        """Open the configured store and, if ``publish`` and ``[nbapi] publish`` is not "feed", a
+        publisher on the configured driver; with ``[notify] enabled``, a notifier on the configured
+        queues."""
+        publish = publish and settings.nbapi.publish != "feed"
         store = open_store_from_settings(settings)
         notifier = None
         if settings.notify.enabled:
@@ -78,7 +85,8 @@ class NbApi:
 
     def create(self, table: str, key: str, value: Any, topic: str | None = None) -> VersionedObject:
         """Create and publish; raises the store's typed errors, or QueueFull (nothing is
-        written nor published then)."""
+        written nor published then). WriteOutcomeUnknown (a StoreUnavailable): the write may
+        have been applied; if it was, the change feed publishes it, so nothing here does."""
         if self.notifier is None:
             obj = self.store.create(table, key, value, topic)
         else:

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,6 +233,19 @@ class Publisher:
         with self._lock:
             if self._closed:
                 raise ClosedError("publisher is closed")
+            self._send_hello(reason)
+
+    def declare_lost(self, topics: Iterable[str], reason: str = "lost") -> None:
+        """Tell every subscriber that changes of ``topics`` were lost before reaching this publisher
+        (a change feed's history gone, say): each topic's sequence moves on by one with nothing
+        sent, and a hello announces it, so each subscriber finds a gap and resyncs those topics."""
+        streams = [self._topic(t) for t in sorted(set(topics))]
+        with self._lock:
+            if self._closed:
+                raise ClosedError("publisher is closed")
+            self._flush_all()
+            for st in streams:
+                st.seq += 1
             self._send_hello(reason)
 
     def sequences(self) -> dict[str, int]:

@@ -15,7 +15,10 @@ ZeroMQ over loopback TCP.
 3. Controller B is stopped, writes go on, and B restarts with an empty cache:
    subscribe, full sync, events.
 4. Every cache is checked object by object against the store.
-5. Persistent notifications (tools/demo_notify.py): port changes reach a local
+5. Controller-to-controller (tools/demo_feed.py): two controllers register
+   their chassis with plain store writes, and the change feed's publisher
+   (df-feed) tells each about the other.
+6. Persistent notifications (tools/demo_notify.py): port changes reach a local
    webhook as S3 event records, although it is down for a while.
 """
 
@@ -38,10 +41,11 @@ from dfpubsub.publisher import Publisher, PublisherOptions
 from dfpubsub.registry import load_driver
 from dfpubsub.store import Store, open_store
 from dfpubsub.subscriber import SubscriberOptions
+from dfpubsub.tools.demo_feed import run_registration
 from dfpubsub.tools.demo_notify import run_notifications
 from dfpubsub.tracker import ResyncRequest
 
-TABLES = ["port", "network", "portbinding"]
+TABLES = ["port", "network", "portbinding", "chassis"]
 
 
 def say(who: str, msg: str) -> None:
@@ -149,10 +153,11 @@ def run(n_writes: int, workdir: Path) -> int:
     ok &= false_gaps == 0 and leaked == 0 and a.stats.get("gaps") >= 1
     a.stop()
     b.stop()
+    ok &= run_registration(store, say, wait)
     ok &= run_notifications(api, workdir, say, wait)
     api.close()
-    say("demo", "OK: the lost message was detected and repaired by resync, and the notifications survived "
-                "the webhook's outage" if ok else "FAILED")
+    say("demo", "OK: the lost message was detected and repaired by resync, controllers saw each other "
+                "through the change feed, and the notifications survived the webhook's outage" if ok else "FAILED")
     return 0 if ok else 1
 
 

@@ -22,8 +22,10 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError, StoreUnavailable
 from ..extras import needs_extra
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
+from .feed import FeedEntry, FeedReader, FeedRetention
 
-__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "require_sqlite_file", "sqlite_path", "DEFAULT_MAX_VALUE_BYTES"]
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "require_sqlite_file", "sqlite_path",
+           "DEFAULT_MAX_VALUE_BYTES", "FeedEntry", "FeedReader", "FeedRetention"]
 
 
 def sqlite_path(url: str) -> str:
@@ -63,8 +65,9 @@ def require_sqlite_file(url: str) -> None:
 def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
     """Open the store at ``url`` with the schema ``tables``.
 
-    ``options`` go to the backend: ``max_value_bytes`` for all, ``prefix`` for
-    etcd and Redis (namespace of the keys), ``synchronous`` for SQLite.
+    ``options`` go to the backend: ``max_value_bytes`` for all, ``feed_retention``
+    (a :class:`FeedRetention`) for all, ``prefix`` for etcd and Redis (namespace
+    of the keys), ``synchronous`` for SQLite.
     """
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":

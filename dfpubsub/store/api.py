@@ -23,6 +23,7 @@ import msgpack
 
 from ..errors import InvalidValue, UnknownTable, ValueTooLarge
 from ..events import VersionedObject
+from .feed import DEFAULT_BATCH, FeedEntry, FeedReader, FeedRetention
 from .outbox import Outbox
 
 __all__ = ["Store", "AsyncStore", "ObjectVersion", "DEFAULT_MAX_VALUE_BYTES"]
@@ -60,13 +61,17 @@ class Store(abc.ABC):
     #: out whether they share it (:mod:`dfpubsub.store.outbox`); "" where nothing can share it.
     location: str = ""
 
-    def __init__(self, tables: Iterable[str], max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES):
+    def __init__(self, tables: Iterable[str], max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                 feed_retention: FeedRetention | None = None):
         tables = frozenset(tables)
         for t in tables:
             if not isinstance(t, str) or not _NAME.match(t):
                 raise InvalidValue(f"table name {t!r} must match {_NAME.pattern}")
         self.tables = tables
         self.max_value_bytes = max_value_bytes
+        self.feed_retention = feed_retention or FeedRetention()
+        #: Feed entries read back that were not this store's (garbage beside valid data): skipped.
+        self.feed_skipped = 0
 
     # -- public API ------------------------------------------------------------
 
@@ -150,6 +155,27 @@ class Store(abc.ABC):
         self._check(table, key, outbox)
         return self._delete(table, key, expected_version, outbox)
 
+    # -- change feed (dfpubsub/store/feed.py) ---------------------------------------
+
+    def feed_head(self) -> int:
+        """The store's revision now: a reader starting here sees only later writes."""
+        return self._feed_head()
+
+    def read_feed(self, after: int, limit: int = DEFAULT_BATCH) -> list[FeedEntry]:
+        """Up to ``limit`` feed entries with revisions above ``after``, oldest first, without waiting.
+
+        :class:`~dfpubsub.errors.HistoryGone` if some of them were dropped.
+        """
+        return self._read_feed(after, limit, 0.0)[0]
+
+    def follow_feed(self, after: int) -> FeedReader:
+        """A reader of the entries after ``after`` that can wait for new ones."""
+        return FeedReader(self, after)
+
+    def compact_feed(self) -> int:
+        """Drop the entries beyond ``feed_retention``; how many went (etcd: 0, its server compacts)."""
+        return self._compact_feed(self.feed_retention)
+
     def drop_all(self) -> int:
         """Delete every object of every table without publishing; returns how many."""
         return self._drop_all()
@@ -232,6 +258,17 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _drop_all(self) -> int: ...
+
+    @abc.abstractmethod
+    def _feed_head(self) -> int: ...
+
+    @abc.abstractmethod
+    def _read_feed(self, after: int, limit: int, wait: float) -> tuple[list[FeedEntry], int]:
+        """Entries after ``after`` (waiting up to ``wait`` s for one) and the last revision they
+        cover, foreign entries skipped included (``after`` if none)."""
+
+    @abc.abstractmethod
+    def _compact_feed(self, retention: FeedRetention) -> int: ...
 
 
 class AsyncStore:

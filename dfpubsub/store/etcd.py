@@ -46,10 +46,12 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict
+from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
 from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints, status_code
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .etcd_feed import EtcdFeedReader
+from .feed import FeedEntry, FeedRetention
 from .outbox import Outbox
 
 __all__ = ["EtcdStore"]
@@ -134,8 +136,9 @@ class EtcdStore(Store):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         prefix: str = "dfpubsub",
         timeout: float = 5.0,
+        feed_retention: FeedRetention | None = None,
     ):
-        super().__init__(tables, max_value_bytes)
+        super().__init__(tables, max_value_bytes, feed_retention)
         self.url = url
         self.prefix = prefix
         self.timeout = timeout
@@ -247,6 +250,13 @@ class EtcdStore(Store):
     def _commit(self, request: rpc.TxnRequest) -> Any:
         return self._call(lambda kv: kv.Txn(request, timeout=self.timeout))
 
+    def _write(self, request: rpc.TxnRequest) -> Any:
+        """Commit a write; a lost answer is WriteOutcomeUnknown (etcd may have applied it)."""
+        try:
+            return self._commit(request)
+        except StoreUnavailable as exc:
+            raise WriteOutcomeUnknown(f"{exc}; the write may have been applied") from exc
+
     def _get(self, table: str, key: str) -> VersionedObject | None:
         path, topic_path = self._paths(table, key)
         response = self._commit(_txn([], [rpc.RangeRequest(key=path), rpc.RangeRequest(key=topic_path)]))
@@ -350,7 +360,7 @@ class EtcdStore(Store):
                 outbox: Outbox | None) -> VersionedObject:
         path, topic_path = self._paths(table, key)
         absent = rpc.Compare(key=path, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
-        response = self._commit(_txn([absent], [rpc.PutRequest(key=path, value=blob),
+        response = self._write(_txn([absent], [rpc.PutRequest(key=path, value=blob),
                                                 _set_topic(table, topic_path, topic)]))
         if not response.succeeded:
             raise AlreadyExists(f"{table}/{key} already exists")
@@ -363,7 +373,7 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         # Without a new topic, the current one is read in the same transaction.
         topic_op = rpc.RangeRequest(key=topic_path) if topic is None else _set_topic(table, topic_path, topic)
-        response = self._commit(_txn(_exists(path, expected), [rpc.PutRequest(key=path, value=blob), topic_op],
+        response = self._write(_txn(_exists(path, expected), [rpc.PutRequest(key=path, value=blob), topic_op],
                                      [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
@@ -373,7 +383,7 @@ class EtcdStore(Store):
 
     def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
         path, topic_path = self._paths(table, key)
-        response = self._commit(_txn(
+        response = self._write(_txn(
             _exists(path, expected),
             [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True)],
             [rpc.RangeRequest(key=path, keys_only=True)]))
@@ -395,3 +405,24 @@ class EtcdStore(Store):
             rpc.DeleteRangeRequest(key=root, range_end=prefix_range_end(root))
             for root in (self._root, self._topic_root)]))
         return int(response.responses[0].response_delete_range.deleted)
+
+    # -- change feed: etcd's own history (dfpubsub/store/etcd_feed.py) ----------------------
+
+    def follow_feed(self, after: int) -> EtcdFeedReader:
+        return EtcdFeedReader(self, after)
+
+    def _feed_head(self) -> int:
+        return int(self._call(lambda kv: kv.Range(rpc.RangeRequest(key=self._root, limit=1, keys_only=True),
+                                                   timeout=self.timeout)).header.revision)
+
+    def _read_feed(self, after: int, limit: int, wait: float) -> tuple[list[FeedEntry], int]:
+        """A watch opened for one read: history before the head arrives within etcd's
+        catch-up round (100 ms), so this waits at least a little longer than that."""
+        reader = EtcdFeedReader(self, after)
+        try:
+            return reader.read(limit, max(wait, 0.3)), reader.position
+        finally:
+            reader.close()
+
+    def _compact_feed(self, retention: FeedRetention) -> int:
+        return 0  # the server's --auto-compaction-retention bounds the history of its whole keyspace

@@ -8,6 +8,11 @@ Layout under ``{prefix}:nb:``:
 - ``o:{table}:{key}``: a hash per object with fields ``topic``, ``version``
   and ``value`` (the msgpack blob the base class encodes).
 - ``t:{table}``: a set per table of its keys, for listing.
+- ``feed``: the change feed (:mod:`dfpubsub.store.feed`), a stream whose entry
+  ids are ``{revision}-0``, appended by every write script (see ``_FEED``) and
+  trimmed there to the retained count. Every revision has its entry, so
+  history is gone below the oldest entry kept (or, once the stream is empty,
+  up to the revision counter); ``_FEED_READ`` reads both with the entries.
 
 Each write is one Lua script (``EVALSHA``, reloaded automatically after
 ``SCRIPT FLUSH`` or a restart) that checks existence and the expected version,
@@ -27,17 +32,20 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
 
-from ..errors import AlreadyExists, ConfigError, NotFound, QueueFull, VersionConflict
+from ..errors import (AlreadyExists, ConfigError, HistoryGone, NotFound, QueueFull, StoreUnavailable,
+                      VersionConflict, WriteOutcomeUnknown)
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .feed import FeedEntry, FeedRetention, parse_entry
 from .outbox import Outbox, RedisOutbox
 
 __all__ = ["RedisStore"]
@@ -141,6 +149,40 @@ end
 return r
 """
 
+# Every write script runs wrapped in this piece, which appends the change feed's entry once the
+# write succeeded. Its key and arguments come last and are popped first, so the script inside
+# (and an outbox's, which counts KEYS) sees exactly its own. KEYS: ..., feed stream. ARGV: ...,
+# table, key, action, topic ('' if the write answers it), unix time, entries kept. pcall: an
+# XADD refused (a stream ahead of the revision counter, reset by hand) must not fail a write
+# that is already made, as Redis does not roll scripts back.
+_FEED = """
+local F_KEEP, F_AT, F_TOPIC = table.remove(ARGV), table.remove(ARGV), table.remove(ARGV)
+local F_ACTION, F_KEY, F_TABLE, FEED = table.remove(ARGV), table.remove(ARGV), table.remove(ARGV), table.remove(KEYS)
+local r = (function()
+{write}
+end)()
+if r[1] == 0 then
+  if F_TOPIC == '' then F_TOPIC = r[3] end
+  redis.pcall('XADD', FEED, 'MAXLEN', '~', F_KEEP, r[2] .. '-0', 'p', F_TOPIC, 't', F_TABLE, 'k', F_KEY,
+              'a', F_ACTION, 's', F_AT)
+end
+return r
+"""
+
+
+# Read-only. KEYS: feed stream, revision counter. ARGV: range start, count. The entries, the
+# oldest entry's id (false: none) and the revision, read together: no write falls between.
+_FEED_READ = """
+local rows = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+return {rows, first[1] and first[1][1] or false, redis.call('GET', KEYS[2]) or '0'}
+"""
+
+
+def _with_feed(script: str) -> str:
+    return _FEED.format(write=script)
+
+
 # The write scripts by name, with how many keys and arguments they take before an outbox's.
 _WRITES = {"create": (_CREATE, 3, 3), "update": (_UPDATE, 2, 3), "delete": (_DELETE, 3, 2)}
 
@@ -155,20 +197,23 @@ class _Client:
     delete: Script
     fetch: Script
     versions: Script
+    feed: Script
     #: (write, outbox Lua) -> the fused script, registered on first use.
     fused: dict[tuple[str, str], Script] = field(default_factory=dict)
 
-    def write(self, name: str, keys: list[Any], args: list[Any], outbox: Outbox | None) -> list[Any]:
-        """Run the write script ``name``, with ``outbox``'s entries if one is given."""
+    def write(self, name: str, keys: list[Any], args: list[Any], outbox: Outbox | None,
+              feed: tuple[list[Any], list[Any]]) -> list[Any]:
+        """Run the write script ``name``, with ``outbox``'s entries if one is given, and ``feed``'s
+        (keys, args) for the change feed's entry."""
         if outbox is None:
-            return cast("list[Any]", getattr(self, name)(keys=keys, args=args))
+            return cast("list[Any]", getattr(self, name)(keys=keys + feed[0], args=args + feed[1]))
         ob = cast(RedisOutbox, outbox)
         script = self.fused.get((name, ob.LUA))
         if script is None:
             text, nkeys, nargs = _WRITES[name]
             script = self.fused.setdefault((name, ob.LUA), self.r.register_script(
-                _FUSED.format(nkeys=nkeys, nargs=nargs, outbox=ob.LUA, write=text)))
-        res = cast("list[Any]", script(keys=keys + ob.keys(), args=args + ob.args()))
+                _with_feed(_FUSED.format(nkeys=nkeys, nargs=nargs, outbox=ob.LUA, write=text))))
+        res = cast("list[Any]", script(keys=keys + ob.keys() + feed[0], args=args + ob.args() + feed[1]))
         if res[0] == _OUTBOX_FULL:
             raise QueueFull(ob.entries[int(res[1]) - 1][0])
         if res[0] == 0:
@@ -188,8 +233,9 @@ class RedisStore(Store):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         prefix: str = "dfpubsub",
         timeout: float = 5.0,
+        feed_retention: FeedRetention | None = None,
     ):
-        super().__init__(tables, max_value_bytes)
+        super().__init__(tables, max_value_bytes, feed_retention)
         if not isinstance(prefix, str) or not prefix:
             raise ConfigError(f"Redis store prefix must be a non-empty string, not {prefix!r}")
         self.url = url
@@ -198,6 +244,7 @@ class RedisStore(Store):
         self._where = redacted(url)
         self._ns = f"{prefix}:nb:"
         self._rev = self._ns + "rev"
+        self._feed = self._ns + "feed"
         self._client = ProcessClient(self._new_client, lambda c: c.r.close())
         # Validates the URL; connections are opened on first use.
         self.location = server_location(self._client.get().r)
@@ -206,14 +253,27 @@ class RedisStore(Store):
 
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "store")
-        return _Client(r, r.register_script(_CREATE), r.register_script(_UPDATE),
-                       r.register_script(_DELETE), r.register_script(_FETCH), r.register_script(_VERSIONS))
+        return _Client(r, r.register_script(_with_feed(_CREATE)), r.register_script(_with_feed(_UPDATE)),
+                       r.register_script(_with_feed(_DELETE)), r.register_script(_FETCH), r.register_script(_VERSIONS),
+                       r.register_script(_FEED_READ))
 
     def _connect(self) -> _Client:
         return self._client.get()
 
     def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
         return redis_errors(f"Redis store at {self._where} ({what})")
+
+    @contextlib.contextmanager
+    def _write_errors(self, what: str) -> Iterator[None]:
+        """A write whose connection failed may have been applied: WriteOutcomeUnknown."""
+        try:
+            with self._errors(what):
+                yield
+        except StoreUnavailable as exc:
+            raise WriteOutcomeUnknown(f"{exc}; the write may have been applied") from exc
+
+    def _feed_args(self, table: str, key: str, action: str, topic: str = "") -> tuple[list[Any], list[Any]]:
+        return [self._feed], [table, key, action, topic, int(time.time()), self.feed_retention.max_entries]
 
     def _obj(self, table: str, key: str) -> str:
         return f"{self._ns}o:{table}:{key}"
@@ -302,8 +362,9 @@ class RedisStore(Store):
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
                 outbox: Outbox | None) -> VersionedObject:
         c = self._connect()
-        with self._errors(f"create {table}/{key}"):
-            res = c.write("create", [self._obj(table, key), self._set(table), self._rev], [key, topic, blob], outbox)
+        with self._write_errors(f"create {table}/{key}"):
+            res = c.write("create", [self._obj(table, key), self._set(table), self._rev], [key, topic, blob], outbox,
+                          self._feed_args(table, key, "create", topic))
         if res[0] == _EXISTS:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, int(res[1]), value)
@@ -313,17 +374,19 @@ class RedisStore(Store):
         outbox: Outbox | None,
     ) -> VersionedObject:
         c = self._connect()
-        with self._errors(f"update {table}/{key}"):
+        with self._write_errors(f"update {table}/{key}"):
             res = c.write("update", [self._obj(table, key), self._rev],
-                          [topic or "", blob, "" if expected is None else str(int(expected))], outbox)
+                          [topic or "", blob, "" if expected is None else str(int(expected))], outbox,
+                          self._feed_args(table, key, "update"))
         self._check_status(res, table, key, expected)
         return VersionedObject(res[2].decode(), table, key, int(res[1]), value)
 
     def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
         c = self._connect()
-        with self._errors(f"delete {table}/{key}"):
+        with self._write_errors(f"delete {table}/{key}"):
             res = c.write("delete", [self._obj(table, key), self._set(table), self._rev],
-                          [key, "" if expected is None else str(int(expected))], outbox)
+                          [key, "" if expected is None else str(int(expected))], outbox,
+                          self._feed_args(table, key, "delete"))
         self._check_status(res, table, key, expected)
         return VersionedObject(res[2].decode(), table, key, int(res[1]), None)
 
@@ -343,12 +406,12 @@ class RedisStore(Store):
         c = self._connect()
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self._ns) + "*"
         objects = (self._ns + "o:").encode()
-        rev = self._rev.encode()
+        rev, feed = self._rev.encode(), self._feed.encode()
         deleted = 0
         with self._errors("drop_all"):
             batch: list[bytes] = []
             for name in c.r.scan_iter(match=pattern, count=1000):
-                if name != rev:
+                if name != rev and name != feed:  # versions never go back; the feed's history stays
                     batch.append(name)
                 if len(batch) >= _CHUNK:
                     deleted += self._delete_keys(c.r, batch, objects)
@@ -369,5 +432,67 @@ class RedisStore(Store):
         results = pipe.execute() if names else []
         return int(results[0]) if objs else 0
 
+    # -- change feed -------------------------------------------------------------------
+
+    def _feed_head(self) -> int:
+        c = self._connect()
+        with self._errors("read the revision"):
+            return int(c.r.get(self._rev) or 0)
+
+    def _read_feed(self, after: int, limit: int, wait: float) -> tuple[list[FeedEntry], int]:
+        c = self._connect()
+        with self._errors("read the feed"):
+            rows, first, head = c.feed(keys=[self._feed, self._rev], args=[f"({after}-0", limit])
+            if not rows and wait > 0 and int(head) <= after:
+                # The block must end before the socket's timeout would take it for a dead server.
+                block = max(1, int(min(wait, self.timeout / 2) * 1000))
+                if c.r.xread({self._feed: f"{after}-0"}, count=1, block=block):
+                    rows, first, head = c.feed(keys=[self._feed, self._rev], args=[f"({after}-0", limit])
+        horizon = _revision(first) - 1 if first else int(head)
+        if horizon > after:
+            raise HistoryGone(after, horizon)
+        entries, last = [], after
+        for entry_id, flat in rows:
+            revision = _revision(entry_id)
+            last = max(last, revision)
+            fields = dict(zip(flat[::2], flat[1::2]))
+            entry = parse_entry(revision, fields.get(b"p"), fields.get(b"t"), fields.get(b"k"), fields.get(b"a"),
+                                self.tables)
+            if entry is None:
+                self.feed_skipped += 1
+            else:
+                entries.append(entry)
+        return entries, last
+
+    def _compact_feed(self, retention: FeedRetention) -> int:
+        c = self._connect()
+        cutoff, start = time.time() - retention.max_age, "-"
+        with self._errors("compact the feed"):
+            removed = int(c.r.xtrim(self._feed, maxlen=retention.max_entries, approximate=False))
+            while True:  # the oldest entry young enough to keep, in pages from the oldest
+                page = c.r.xrange(self._feed, start, "+", count=_CHUNK)
+                young = next((eid for eid, f in page if _float(f.get(b"s")) >= cutoff), None)
+                if young is not None or len(page) < _CHUNK:
+                    break
+                start = b"(" + page[-1][0]
+            if young is not None:
+                removed += int(c.r.xtrim(self._feed, minid=young, approximate=False))
+            elif page or start != "-":  # every entry is too old
+                removed += int(c.r.xtrim(self._feed, maxlen=0, approximate=False))
+        return removed
+
     def close(self) -> None:
         self._client.close()
+
+
+def _float(raw: object) -> float:
+    """A number field of a feed entry; a foreign one counts as infinitely young (never dropped by age)."""
+    try:
+        return float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+def _revision(entry_id: bytes) -> int:
+    """The revision of a feed stream id ``{revision}-{n}``."""
+    return int(entry_id.partition(b"-")[0])

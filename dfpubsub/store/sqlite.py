@@ -4,18 +4,31 @@ Writers take SQLite's write lock up front (``BEGIN IMMEDIATE``) and bump one
 revision counter in the same transaction, so versions are unique and
 increasing across every process sharing the file. Readers never block writers
 (WAL). A forked child reopens its own connection.
+
+The change feed (:mod:`dfpubsub.store.feed`) is the append-only table
+``nb_feed`` keyed by revision. The trigger that stores each create's and
+update's revision appends its entry too, so those writes stay one statement; a
+delete appends in its own transaction. Every revision has its entry, so
+history is gone below the oldest entry kept. The writer of every 256th
+revision drops the entries beyond the retained count. A reader waits on this process's writers (a condition
+they notify after each commit) and polls ``PRAGMA data_version`` every
+millisecond for other processes' commits.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
-from ..errors import AlreadyExists, NotFound, VersionConflict
+from ..errors import AlreadyExists, HistoryGone, NotFound, StoreUnavailable, VersionConflict
 from ..events import VersionedObject
 from ..sqlite_client import SqliteDb, file_location
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .feed import FeedEntry, FeedRetention, parse_entry
 from .outbox import Outbox, SqliteOutbox
 
 __all__ = ["SqliteStore"]
@@ -34,11 +47,67 @@ CREATE TABLE IF NOT EXISTS nb_objects (
 CREATE INDEX IF NOT EXISTS nb_objects_topic ON nb_objects (topic);
 CREATE TABLE IF NOT EXISTS nb_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO nb_meta VALUES ('revision', 0);
-CREATE TRIGGER IF NOT EXISTS nb_revision_on_insert AFTER INSERT ON nb_objects
-BEGIN UPDATE nb_meta SET value = NEW.version WHERE name = 'revision'; END;
-CREATE TRIGGER IF NOT EXISTS nb_revision_on_update AFTER UPDATE OF version ON nb_objects
-BEGIN UPDATE nb_meta SET value = NEW.version WHERE name = 'revision'; END;
+CREATE TABLE IF NOT EXISTS nb_feed (
+    rev INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    action TEXT NOT NULL,
+    at INTEGER NOT NULL DEFAULT (unixepoch())
+);
+-- One trigger per write statement stores the revision and appends the feed's entry: two
+-- triggers each cost a trigger program per write. Files made before the feed had one that
+-- stored the revision only.
+BEGIN;
+DROP TRIGGER IF EXISTS nb_revision_on_insert;
+DROP TRIGGER IF EXISTS nb_revision_on_update;
+CREATE TRIGGER IF NOT EXISTS nb_write_on_insert AFTER INSERT ON nb_objects
+BEGIN
+  UPDATE nb_meta SET value = NEW.version WHERE name = 'revision';
+  INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (NEW.version, NEW.topic, NEW.tbl, NEW.key, 'create');
+END;
+CREATE TRIGGER IF NOT EXISTS nb_write_on_update AFTER UPDATE OF version ON nb_objects
+BEGIN
+  UPDATE nb_meta SET value = NEW.version WHERE name = 'revision';
+  INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (NEW.version, NEW.topic, NEW.tbl, NEW.key, 'update');
+END;
+COMMIT;
 """
+_FEED_DELETE = "INSERT INTO nb_feed (rev, topic, tbl, key, action) VALUES (?, ?, ?, ?, 'delete')"
+_FEED_READ = "SELECT rev, topic, tbl, key, action FROM nb_feed WHERE rev > ? ORDER BY rev LIMIT ?"
+# Every revision has its entry, so history is gone below the oldest one kept, or up to the
+# revision when none is (all dropped, or a file written before the feed existed).
+_FEED_HORIZON = ("SELECT coalesce((SELECT min(rev) FROM nb_feed) - 1, "
+                 "(SELECT value FROM nb_meta WHERE name = 'revision'))")
+_FEED_TRIM = "DELETE FROM nb_feed WHERE rev <= ?"
+#: A writer drops the entries beyond the retained count when its version is a multiple of this.
+_TRIM_EVERY = 256
+#: Seconds between two looks at other processes' commits while a feed reader waits.
+_FEED_POLL = 0.001
+
+
+class _Waker:
+    """Wakes this process's feed readers of one file when a writer of it commits."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.commits = 0
+        self.waiters = 0
+
+    def notify(self) -> None:
+        self.commits += 1
+        if self.waiters:  # no lock taken on the write path while nobody waits
+            with self.cond:
+                self.cond.notify_all()
+
+
+_WAKERS: dict[str, _Waker] = {}
+_WAKERS_LOCK = threading.Lock()
+
+
+def _waker(location: str) -> _Waker:
+    with _WAKERS_LOCK:
+        return _WAKERS.setdefault(location, _Waker())
 _NEXT_VERSION = "UPDATE nb_meta SET value = value + 1 WHERE name = 'revision' RETURNING value"
 # Creates and updates are one statement each: the version is the revision + 1, and
 # a trigger stores it back as the revision, atomically (a write statement holds the
@@ -68,11 +137,17 @@ class SqliteStore(Store):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         synchronous: str = "NORMAL",
         busy_timeout: float = 30.0,
+        feed_retention: FeedRetention | None = None,
     ):
-        super().__init__(tables, max_value_bytes)
+        super().__init__(tables, max_value_bytes, feed_retention)
         self.path = path
         self.location = file_location(path)
         self._db = SqliteDb(path, _SCHEMA, "store", timeout=busy_timeout, synchronous=synchronous)
+        # :memory: is private to this object: its own waker.
+        self._waker = _waker(self.location) if self.location else _Waker()
+        self._watch: sqlite3.Connection | None = None  # data_version of other processes' commits
+        self._watch_lock = threading.Lock()
+        self._watch_pid = -1
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._db.transaction(fn)
@@ -177,15 +252,24 @@ class SqliteStore(Store):
         if outbox is None:
             # fetchall, not fetchone: the statement must run to its end to commit.
             rows = self._db.fetchall(sql, args, "write")
-            return rows[0] if rows else None
+            row = rows[0] if rows else None
+        else:
+            def run(conn: sqlite3.Connection) -> tuple | None:
+                rows = conn.execute(sql, args).fetchall()
+                if rows:
+                    cast(SqliteOutbox, outbox).apply(conn, rows[0][0])
+                return rows[0] if rows else None
 
-        def run(conn: sqlite3.Connection) -> tuple | None:
-            rows = conn.execute(sql, args).fetchall()
-            if rows:
-                cast(SqliteOutbox, outbox).apply(conn, rows[0][0])
-            return rows[0] if rows else None
+            row = self._write(run)
+        if row is not None:
+            self._committed(row[0])
+        return row
 
-        return self._write(run)
+    def _committed(self, version: int) -> None:
+        """After a write: wake this process's feed readers; now and then, trim the feed."""
+        self._waker.notify()
+        if version % _TRIM_EVERY == 0:
+            self._db.fetchall(_FEED_TRIM, (version - self.feed_retention.max_entries,), "trim the feed")
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
                 outbox: Outbox | None) -> VersionedObject:
@@ -215,11 +299,14 @@ class SqliteStore(Store):
             ).fetchone()
             if row is None:
                 raise self._refusal(conn, table, key, expected)
+            conn.execute(_FEED_DELETE, (version, row[0], table, key))
             if outbox is not None:
                 cast(SqliteOutbox, outbox).apply(conn, version)
             return VersionedObject(row[0], table, key, version, None)
 
-        return self._write(run)
+        obj = self._write(run)
+        self._committed(obj.version)
+        return obj
 
     def _drop_all(self) -> int:
         def run(conn: sqlite3.Connection) -> int:
@@ -227,5 +314,84 @@ class SqliteStore(Store):
 
         return self._write(run)
 
+    # -- change feed -------------------------------------------------------------------
+
+    def _feed_head(self) -> int:
+        return int(self._read("SELECT value FROM nb_meta WHERE name = 'revision'", ())[0][0])
+
+    def _read_feed(self, after: int, limit: int, wait: float) -> tuple[list[FeedEntry], int]:
+        deadline = time.monotonic() + wait
+        while True:
+            seen = self._waker.commits
+            version = self._data_version() if wait > 0 else 0
+            entries, last = self._feed_page(after, limit)
+            if last > after or wait <= 0:
+                return entries, last
+            self._wait_commit(seen, version, deadline)
+            if time.monotonic() >= deadline:
+                return self._feed_page(after, limit)
+
+    def _feed_page(self, after: int, limit: int) -> tuple[list[FeedEntry], int]:
+        def run(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
+            conn.execute("BEGIN")  # one snapshot for the entries and the horizon
+            try:
+                return conn.execute(_FEED_READ, (after, limit)).fetchall(), conn.execute(_FEED_HORIZON).fetchone()[0]
+            finally:
+                conn.execute("COMMIT")
+
+        rows, horizon = self._db.run(run, "read the feed")
+        if horizon > after:
+            raise HistoryGone(after, horizon)
+        entries = []
+        for rev, topic, tbl, key, action in rows:
+            entry = parse_entry(rev, topic, tbl, key, action, self.tables)
+            if entry is None:
+                self.feed_skipped += 1
+            else:
+                entries.append(entry)
+        return entries, (rows[-1][0] if rows else after)
+
+    def _data_version(self) -> int:
+        """Changes whenever another connection to the file commits (0 for :memory:)."""
+        if not self.location:
+            return 0
+        with self._watch_lock:
+            try:
+                if self._watch is None or self._watch_pid != os.getpid():  # a forked child opens its own
+                    self._watch = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                    self._watch_pid = os.getpid()
+                return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite store {self.path}: watch the feed failed: {exc}") from exc
+
+    def _wait_commit(self, seen: int, version: int, deadline: float) -> None:
+        """Return once this process committed since ``seen``, another since ``version``, or at ``deadline``."""
+        waker = self._waker
+        with waker.cond:
+            waker.waiters += 1
+            try:
+                while waker.commits == seen:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    waker.cond.wait(min(left, _FEED_POLL))
+                    if self.location and self._data_version() != version:
+                        return
+            finally:
+                waker.waiters -= 1
+
+    def _compact_feed(self, retention: FeedRetention) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            (newest,) = conn.execute("SELECT coalesce(max(rev), 0) FROM nb_feed").fetchone()
+            (aged,) = conn.execute("SELECT coalesce(max(rev), 0) FROM nb_feed WHERE at < ?",
+                                   (int(time.time() - retention.max_age),)).fetchone()
+            return conn.execute(_FEED_TRIM, (max(aged, newest - retention.max_entries),)).rowcount
+
+        return self._write(run)
+
     def close(self) -> None:
+        with self._watch_lock:
+            if self._watch is not None and self._watch_pid == os.getpid():
+                self._watch.close()
+                self._watch = None
         self._db.close()

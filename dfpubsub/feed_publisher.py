@@ -1,0 +1,196 @@
+"""The feed publisher: follows the store's change feed and publishes every committed write.
+
+This closes the write/publish hole by construction (docs/feed.md): whoever
+wrote (NbApi in any publish mode, a controller registering its chassis, df-db,
+a raw store call) and whatever happened after the commit (a crash, a lost
+answer), the write is in the feed, and this publishes it. For each batch of
+entries it reads the objects' *current* values and versions (``get_many``):
+an object changed again since its entry goes out with its newer version,
+which every cache takes; one deleted since is left to its delete's entry,
+which carries the deletion's version.
+
+The position is saved (:class:`FileCursor`) after each batch was handed to
+the transport, so a restart resumes there: delivery is at least once, and
+subscribers drop the repeats by version. Without a saved position, or when
+the feed's history below it is gone, nothing can tell what was missed: the
+publisher declares its topics lost (:meth:`Publisher.declare_lost`), every
+subscriber resyncs them, and it goes on from the store's head.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from .errors import HistoryGone, InvalidEvent, StoreError
+from .events import Action, VersionedObject
+from .logs import RateLimitedLog
+from .metrics import Stats
+from .store import FeedEntry, Store
+
+if TYPE_CHECKING:
+    from .publisher import Publisher
+
+__all__ = ["FeedPublisher", "FileCursor"]
+
+log = logging.getLogger(__name__)
+
+
+class FileCursor:
+    """A feed position kept in a file, replaced atomically (and fsynced if ``fsync``)."""
+
+    def __init__(self, path: str, fsync: bool = False):
+        self.path = path
+        self.fsync = fsync
+
+    def load(self) -> int | None:
+        """The saved position; None if there is none or it is not a number (then: start afresh)."""
+        try:
+            with open(self.path, encoding="ascii") as fh:
+                value = int(fh.read().strip())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return value if value >= 0 else None
+
+    def save(self, position: int) -> None:
+        """Replace the saved position; OSError if the file cannot be written."""
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{position}\n")
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+
+class FeedPublisher:
+    """Publishes ``store``'s feed through ``publisher``; ``cursor`` None keeps no position.
+
+    ``topics`` are declared lost (resynced by subscribers) when what came
+    before the position is unknown, along with every table's name and every
+    topic this publisher has seen in the feed.
+    """
+
+    def __init__(self, store: Store, publisher: "Publisher", cursor: FileCursor | None = None, *,
+                 topics: Iterable[str] = (), batch: int = 1000, compact_interval: float = 60.0,
+                 stats: Stats | None = None):
+        self.store = store
+        self.publisher = publisher
+        self.cursor = cursor
+        self.batch = batch
+        self.compact_interval = compact_interval
+        self.stats = stats or publisher.stats
+        self._topics = set(topics) | set(store.tables)
+        self._trouble = RateLimitedLog(log)
+        saved = cursor.load() if cursor is not None else None
+        self.reader = store.follow_feed(saved if saved is not None else store.feed_head())
+        self._saved = saved
+        if saved is None:
+            self._lost("no saved position")
+
+    @property
+    def position(self) -> int:
+        """Revision of the last entry published."""
+        return self.reader.position
+
+    def step(self, timeout: float = 0.2) -> int:
+        """Read one batch (waiting up to ``timeout`` for it), publish it, save the position;
+        how many entries it held. StoreUnavailable if the store is."""
+        try:
+            entries = self.reader.read(self.batch, timeout)
+        except HistoryGone as exc:
+            self.stats.inc("feed_history_gone")
+            self.reader.close()
+            self.reader = self.store.follow_feed(self.store.feed_head())
+            self._lost(str(exc))
+            self._save()
+            return 0
+        if entries:
+            self._publish(entries)
+        self.stats.inc("feed_entries", len(entries))
+        if self.position != self._saved:  # foreign entries skipped move it too
+            self._save()
+        return len(entries)
+
+    def run(self, stop: threading.Event) -> None:
+        """Publish until ``stop`` is set; a store that fails is retried with backoff; the feed is
+        compacted every ``compact_interval`` seconds."""
+        pause, next_compact = 0.1, 0.0
+        while not stop.is_set():
+            try:
+                self.step()
+                pause = 0.1
+                if self.compact_interval and time.monotonic() >= next_compact:
+                    next_compact = time.monotonic() + self.compact_interval
+                    if removed := self.store.compact_feed():
+                        self.stats.inc("feed_compacted", removed)
+            except StoreError as exc:  # unavailable, or a watch the server canceled: read again from the position
+                self.stats.inc("feed_store_errors")
+                self._trouble.warning("store", "cannot read the feed; retrying", error=str(exc), position=self.position)
+                stop.wait(pause)
+                pause = min(5.0, pause * 2)
+
+    def close(self) -> None:
+        """Stop following (the publisher and the store are the caller's to close)."""
+        self.reader.close()
+
+    def _publish(self, entries: list[FeedEntry]) -> None:
+        # One message per object per batch: the newest entry of each, in feed order.
+        last = {(e.table, e.key): e for e in entries}
+        wanted = [(e.table, e.key) for e in last.values() if e.action is not Action.DELETE]
+        current = {(o.table, o.key): o for o in self._current(wanted)} if wanted else {}
+        publish = self.publisher.publish
+        for (table, key), entry in sorted(last.items(), key=lambda item: item[1].revision):
+            self._topics.add(entry.topic)
+            try:
+                if entry.action is Action.DELETE:
+                    publish(entry.topic, table, key, Action.DELETE, entry.revision)
+                else:
+                    obj = current.get((table, key))
+                    if obj is None:  # deleted since: its delete's entry follows
+                        self.stats.inc("feed_gone_since")
+                        continue
+                    self._topics.add(obj.topic)
+                    publish(obj.topic, table, key, entry.action, obj.version, obj.value)
+                self.stats.inc("feed_published")
+            except InvalidEvent as exc:  # too large for a frame, say: subscribers find the gap and resync
+                self.stats.inc("feed_unpublishable")
+                self._trouble.warning("event", "change not publishable", table=table, key=key, error=str(exc))
+        self.publisher.flush()
+
+    def _current(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        """The objects of ``refs`` that exist; one whose value does not decode (written beside the
+        store by something else) is skipped and counted."""
+        try:
+            return self.store.get_many(refs)
+        except (ValueError, TypeError):
+            out = []
+            for table, key in refs:
+                try:
+                    obj = self.store.get(table, key)
+                except (ValueError, TypeError):
+                    self.stats.inc("feed_undecodable")
+                    continue
+                if obj is not None:
+                    out.append(obj)
+            return out
+
+    def _lost(self, why: str) -> None:
+        self.stats.inc("feed_declared_lost")
+        log.warning("feed history unknown; subscribers will resync", extra={"why": why, "position": self.position,
+                                                                          "topics": sorted(self._topics)})
+        self.publisher.declare_lost(self._topics, "feed_lost")
+
+    def _save(self) -> None:
+        if self.cursor is not None:
+            try:
+                self.cursor.save(self.position)
+                self._saved = self.position
+            except OSError as exc:
+                self._trouble.warning("cursor", "cannot save the feed position", path=self.cursor.path,
+                                      error=str(exc))
