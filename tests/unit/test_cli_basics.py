@@ -13,13 +13,13 @@ from dfpubsub.config import Settings, load_settings
 from dfpubsub.errors import ConfigError, MissingExtra
 from dfpubsub.extras import needs_extra
 from dfpubsub.sample_config import render_sample
-from dfpubsub.services import archiver, controller, notify, publisher_service
+from dfpubsub.services import archiver, controller, feed, notify, publisher_service
 from dfpubsub.tools import demo, df_config, df_db, pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 MAINS = {
     "df-controller": controller.main, "df-notify": notify.main, "df-publisher-service": publisher_service.main,
-    "df-archiver": archiver.main, "df-pipeline": pipeline.main, "df-demo": demo.main, "df-config": df_config.main,
+    "df-archiver": archiver.main, "df-feed": feed.main, "df-pipeline": pipeline.main, "df-demo": demo.main, "df-config": df_config.main,
 }
 
 
