@@ -44,6 +44,10 @@ _STOP = object()
 _POLL = 0.1
 
 
+#: Resync reasons that are part of normal operation, not a loss: logged at info, not as warnings.
+_ROUTINE = frozenset({"first_seen", "periodic", "manual"})
+
+
 @dataclass(slots=True)
 class SubscriberOptions:
     """Tuning of a :class:`Subscriber` (see the ``[pubsub]`` config section)."""
@@ -259,10 +263,12 @@ class Subscriber:
 
     def _request(self, req: ResyncRequest) -> None:
         self.stats.inc("resync_requests", reason=req.reason)
-        # One line per gap (each expired gap is one request), rate-limited per reason.
-        self._badlog.warning(req.reason, f"resync of topic {req.topic!r} requested: {req.reason}",
-                             topic=req.topic, reason=req.reason, publisher=req.publisher_id,
-                             missing=None if req.missing is None else list(req.missing))
+        fields = {"topic": req.topic, "reason": req.reason, "publisher": req.publisher_id,
+                  "missing": None if req.missing is None else list(req.missing)}
+        if req.reason in _ROUTINE:
+            log.info("resync of topic %r requested: %s", req.topic, req.reason, extra=fields)
+        else:  # one line per gap (each expired gap is one request), rate-limited per reason
+            self._badlog.warning(req.reason, f"resync of topic {req.topic!r} requested: {req.reason}", **fields)
         if self.on_gap is not None:
             self.on_gap(req)
         if self.on_resync is None or req.topic not in self._topics:

@@ -25,6 +25,7 @@ ZeroMQ over loopback TCP.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
@@ -166,7 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="df-demo", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--writes", type=int, default=30, help="number of store writes to publish")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="keep the store and queues in DIR (created if need be) for df-db to inspect afterwards")
     args = parser.parse_args(argv)
+    # The demo tells its own story; the library's warnings (the gap it provokes) would repeat it.
+    logging.getLogger("dfpubsub").setLevel(logging.ERROR)
+    if args.keep:
+        workdir = Path(args.keep).resolve()
+        if (workdir / "nb.sqlite").exists():
+            parser.error(f"{workdir} already holds a demo's store; give an empty or new directory")
+        workdir.mkdir(parents=True, exist_ok=True)
+        code = run(args.writes, workdir)
+        say("demo", f"kept {workdir}; inspect it with: df-db --store sqlite:///{workdir}/nb.sqlite dump port")
+        return code
     with tempfile.TemporaryDirectory(prefix="df-demo-") as tmp:
         return run(args.writes, Path(tmp))
 
