@@ -11,7 +11,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 
-__all__ = ["Stats", "register_collector", "start_metrics_server"]
+__all__ = ["Stats", "LabelledCounter", "register_collector", "start_metrics_server"]
 
 _live: "weakref.WeakSet[Stats]" = weakref.WeakSet()
 _registered = False
@@ -78,6 +78,35 @@ class Stats:
         return {f"{c}:{r}" if r else c: v for (c, r), v in sorted(self.counts.items())}
 
 
+class LabelledCounter:
+    """One process-wide counter with its own labels (``dfpubsub_<name>_total{labels}``).
+
+    For counts that belong to no single component, such as records skipped
+    by whichever listing read them (:mod:`dfpubsub.foreign`).
+    """
+
+    def __init__(self, name: str, help: str, labels: tuple[str, ...]):
+        self.name = name
+        self.help = help
+        self.labels = labels
+        self.counts: dict[tuple[str, ...], int] = {}
+        self._lock = threading.Lock()
+        _counters.append(self)
+
+    def inc(self, *values: str, n: int = 1) -> None:
+        """Add ``n`` to the series of label ``values``."""
+        with self._lock:
+            self.counts[values] = self.counts.get(values, 0) + n
+
+    def get(self, *values: str) -> int:
+        """The series' value; with fewer values, the sum over the series that start with them."""
+        with self._lock:
+            return sum(v for k, v in self.counts.items() if k[:len(values)] == values)
+
+
+_counters: list[LabelledCounter] = []
+
+
 class _Collector:
     def collect(self) -> Iterator[object]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -101,6 +130,11 @@ class _Collector:
                 fam.add_metric([stats.role, stats.name, reason], value)
         yield from families.values()
         yield from gauges.values()
+        for counter in _counters:
+            fam = CounterMetricFamily(f"dfpubsub_{counter.name}", counter.help, labels=list(counter.labels))
+            for values, value in list(counter.counts.items()):
+                fam.add_metric(list(values), value)
+            yield fam
 
 
 def register_collector() -> None:

@@ -48,7 +48,7 @@ local function sweep(meta, res, now)
   local gone = redis.call('ZRANGEBYSCORE', res, '-inf', '(' .. now)
   if #gone == 0 then return 0 end
   local freed = 0
-  for i = 1, #gone do freed = freed + tonumber(string.match(gone[i], '^%d+')) end
+  for i = 1, #gone do freed = freed + (tonumber(string.match(gone[i], '^%d+')) or 0) end
   redis.call('ZREMRANGEBYSCORE', res, '-inf', '(' .. now)
   redis.call('HINCRBY', meta, 'reserved_bytes', int(-freed))
   return freed
@@ -194,8 +194,36 @@ return n
 # entry i: KEYS[KB + 3i - 2 .. KB + 3i] its queue's meta, reservations and entries; ARGV[AB + 1]
 # now, ARGV[AB + 1 + i] its body. The room an entry needs counts the widest version prefix. The
 # check reads each queue once (two entries may share one) and the append goes on from what it read.
+# A Redis script is not rolled back when a call fails, so the check first proves that nothing the
+# append will touch is foreign (outbox_foreign answers the culprit key's index and why): the store
+# write and its appends then either all run or none does. Only sweeping a valid queue's expired
+# reservations may have happened when a later queue turns out foreign, and that changes nothing
+# anyone can see.
 _OUTBOX = _LIB + """
 local OB_N, ob = (#KEYS - KB) / 3, {}
+local function count(x) return x and string.len(x) <= 15 and string.match(x, '^%d+$') ~= nil end
+local function outbox_foreign(k)
+  local tm = redis.call('TYPE', KEYS[k + 1])['ok']
+  if tm == 'none' then return nil end
+  if tm ~= 'hash' then return {k + 1, 'queue metadata is a ' .. tm .. ', not a hash'} end
+  local m = redis.call('HMGET', KEYS[k + 1], 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
+  for j = 1, 5 do
+    if not count(m[j]) then return {k + 1, 'queue metadata has a field that is not a count'} end
+  end
+  local tr = redis.call('TYPE', KEYS[k + 2])['ok']
+  if tr ~= 'none' and tr ~= 'zset' then return {k + 2, 'queue reservations are a ' .. tr .. ', not a sorted set'} end
+  local te = redis.call('TYPE', KEYS[k + 3])['ok']
+  if te == 'none' then return nil end
+  if te ~= 'stream' then return {k + 3, 'queue entries are a ' .. te .. ', not a stream'} end
+  local top = redis.call('XINFO', 'STREAM', KEYS[k + 3])
+  for j = 1, #top, 2 do
+    if top[j] == 'last-generated-id' then
+      local ms = tonumber(string.match(top[j + 1], '^(%d+)'))
+      if ms > tonumber(m[5]) then return {k + 3, 'queue entries hold an id past the queue sequence ' .. m[5]} end
+    end
+  end
+  return nil
+end
 local function outbox_check()
   local now = ARGV[AB + 1]
   for i = 1, OB_N do
@@ -203,6 +231,8 @@ local function outbox_check()
     local meta, res = KEYS[k + 1], KEYS[k + 2]
     local q = ob[meta]
     if q == nil then
+      local bad = outbox_foreign(k)
+      if bad then return {5, bad[1], bad[2]} end
       q = false
       local m = redis.call('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
       if m[1] then
@@ -219,7 +249,7 @@ local function outbox_check()
     if q then
       q.used = q.used + {prefix} + string.len(ARGV[AB + 1 + i])
       q.count = q.count + 1
-      if q.used > q.max_bytes or q.count > q.max_entries then return i end
+      if q.used > q.max_bytes or q.count > q.max_entries then return {4, i} end
     end
   end
   return nil

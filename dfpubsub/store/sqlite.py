@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
+from .. import foreign
 from ..errors import AlreadyExists, NotFound, VersionConflict
 from ..events import VersionedObject
 from ..sqlite_client import SqliteDb, file_location
@@ -56,6 +57,31 @@ _DELETE = "DELETE FROM nb_objects WHERE tbl = ? AND key = ?"
 _MANY = 500
 
 
+def _foreign(topic: Any, key: Any, version: Any, blob: Any) -> bool:
+    """Whether a row's columns have types this store never writes (another writer's row)."""
+    return (topic.__class__ is not str or key.__class__ is not str or version.__class__ is not int
+            or blob.__class__ is not bytes)
+
+
+def _name(table: Any, key: Any) -> str:
+    return f"nb_objects[tbl={foreign.key_text(table)}, key={foreign.key_text(key)}]"
+
+
+def _objects(rows: list[tuple], tables: frozenset[str]) -> list[VersionedObject]:
+    """The objects of (topic, table, key, version, value) rows of ``tables``, foreign rows skipped."""
+    unpack, out = decode_value, []
+    for topic, tbl, key, version, blob in rows:
+        if tbl not in tables:
+            continue
+        try:  # free unless it raises
+            if _foreign(topic, key, version, blob):
+                raise TypeError("a column has the wrong type")
+            out.append(VersionedObject(topic, tbl, key, version, unpack(blob)))
+        except foreign.DECODE_ERRORS as exc:
+            foreign.skip_error("store_object", _name(tbl, key), exc)
+    return out
+
+
 class SqliteStore(Store):
     """``sqlite:///path/to/nb.sqlite`` (``sqlite:///:memory:`` for a private, in-memory one)."""
 
@@ -84,8 +110,8 @@ class SqliteStore(Store):
         rows = self._read("SELECT topic, version, value FROM nb_objects WHERE tbl = ? AND key = ?", (table, key))
         if not rows:
             return None
-        topic, version, blob = rows[0]
-        return VersionedObject(topic, table, key, version, decode_value(blob))
+        objs = _objects([(rows[0][0], table, key, *rows[0][1:])], self.tables)
+        return objs[0] if objs else None
 
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
         sql = "SELECT topic, tbl, key, version, value FROM nb_objects"
@@ -101,18 +127,20 @@ class SqliteStore(Store):
             args.extend(topics)
         if where:
             sql += " WHERE " + " AND ".join(where)
-        unpack = decode_value
-        return [
-            VersionedObject(topic, tbl, key, version, unpack(blob))
-            for topic, tbl, key, version, blob in self._read(sql, tuple(args))
-            if tbl in self.tables
-        ]
+        return _objects(self._read(sql, tuple(args)), self.tables)
 
     def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
         if not topics:
             return []
         sql = f"SELECT topic, tbl, key, version FROM nb_objects WHERE topic IN ({','.join('?' * len(topics))})"
-        return [ObjectVersion(*row) for row in self._read(sql, tuple(topics)) if row[1] in self.tables]
+        out = []
+        for topic, tbl, key, version in self._read(sql, tuple(topics)):
+            if tbl in self.tables:
+                if _foreign(topic, key, version, b""):
+                    foreign.skip_error("store_object", _name(tbl, key), TypeError("a column has the wrong type"))
+                else:
+                    out.append(ObjectVersion(topic, tbl, key, version))
+        return out
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         by_table: dict[str, list[str]] = {}
@@ -123,9 +151,8 @@ class SqliteStore(Store):
             for start in range(0, len(keys), _MANY):
                 chunk = keys[start:start + _MANY]
                 marks = ",".join("?" * len(chunk))
-                sql = f"SELECT topic, key, version, value FROM nb_objects WHERE tbl = ? AND key IN ({marks})"
-                out.extend(VersionedObject(topic, table, key, version, decode_value(blob))
-                           for topic, key, version, blob in self._read(sql, (table, *chunk)))
+                sql = f"SELECT topic, ?, key, version, value FROM nb_objects WHERE tbl = ? AND key IN ({marks})"
+                out.extend(_objects(self._read(sql, (table, table, *chunk)), self.tables))
         return out
 
     @staticmethod
