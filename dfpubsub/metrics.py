@@ -153,5 +153,10 @@ def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
     if port:
         from prometheus_client import start_http_server
 
+        from .errors import ConfigError
+
         register_collector()
-        start_http_server(port, addr=addr)
+        try:
+            start_http_server(port, addr=addr)
+        except OSError as exc:  # in use, or not an address of this host
+            raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc

@@ -16,6 +16,7 @@ import logging
 import socket
 import sys
 
+from dfpubsub.console import console_main
 from dfpubsub.config import parse_settings
 from dfpubsub.controller import Controller
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
@@ -47,6 +48,7 @@ class LoggingHandler:
         log.info("delete", extra={"table": previous.table, "key": previous.key, "version": previous.version})
 
 
+@console_main("df-controller")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-controller``."""
     settings = parse_settings("df-controller", __doc__.split("\n")[0], argv)

@@ -13,6 +13,7 @@ import logging
 import sys
 from typing import Any
 
+from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.config import add_config_arguments, settings_from_args
 from dfpubsub.errors import DfPubSubError, PipelineError
 from dfpubsub.logs import setup_logging
@@ -39,7 +40,7 @@ def _compaction_options(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="df-pipeline", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="df-pipeline", description=__doc__.split("\n")[0])
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting (repeatable)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -128,6 +129,7 @@ def _bootstrap(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+@console_main("df-pipeline")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-pipeline``."""
     args = _parser().parse_args(argv)

@@ -13,7 +13,12 @@ from typing import Annotated
 
 import typer
 
-from dfpubsub.errors import ConfigError, DfPubSubError
+try:  # typer 0.2x vendors click
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover - typer on the click package
+    from click import exceptions as click  # type: ignore[no-redef]
+
+from dfpubsub.console import console_main, one_line
 
 from . import notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
 from .context import CliState, Format
@@ -50,25 +55,28 @@ def _options(
     ctx.obj = CliState(config, store, queues, fmt)
 
 
-def _one_line(exc: BaseException) -> str:
-    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
-
-
+@console_main("df-db")
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``df-db``; typer itself exits (SystemExit) when a command ends normally."""
+    """Entry point of ``df-db``: the exit status; errors are one line (dfpubsub.console)."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        app(args=argv, prog_name="df-db")
-    except ConfigError as exc:
-        print(f"df-db: {_one_line(exc)}", file=sys.stderr)
+        status = app(args=args, prog_name="df-db", standalone_mode=False)
+    except click.UsageError as exc:
+        if not args:
+            return 2  # click printed the help
+        print(f"df-db: error: {one_line(exc.format_message())} (see df-db --help)", file=sys.stderr)
         return 2
-    except DfPubSubError as exc:
-        print(f"df-db: {_one_line(exc)}", file=sys.stderr)
+    except click.ClickException as exc:
+        print(f"df-db: {one_line(exc.format_message())}", file=sys.stderr)
+        return exc.exit_code
+    except typer.Abort:
+        print("df-db: aborted; nothing was changed", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (df-db dump | head): not an error of ours, and no traceback at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

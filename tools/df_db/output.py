@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -32,9 +33,29 @@ def _jsonable(obj: Any) -> Any:
 
 
 def to_json(doc: Any, indent: int | None = None) -> str:
-    """``doc`` as JSON (bytes as base64, anything else unknown as its str)."""
+    """``doc`` as strict JSON (bytes as base64, anything else unknown as its str).
+
+    df-db refuses NaN and infinities on input, but another writer may have
+    stored them: they are shown as the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"``, never as the bare tokens no JSON parser must accept.
+    """
     separators = None if indent else (",", ":")
-    return json.dumps(doc, indent=indent, separators=separators, default=_jsonable, ensure_ascii=False)
+    try:
+        return json.dumps(doc, indent=indent, separators=separators, default=_jsonable, ensure_ascii=False,
+                          allow_nan=False)
+    except (ValueError, TypeError):  # rare: a foreign value; its keys or floats made presentable
+        return json.dumps(_strict(doc), indent=indent, separators=separators, default=_jsonable,
+                          ensure_ascii=False, allow_nan=False)
+
+
+def _strict(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k if isinstance(k, (str, int, bool)) or k is None else str(k): _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
 
 
 def compact(value: Any) -> str:
