@@ -40,9 +40,11 @@ import msgpack
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from .. import foreign
 from ..errors import QueueError, QueueFull, QueueNotFound, ReservationNotFound
 from ..store.etcd import EtcdStore, _txn
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+from .readback import dead_letter, named_records, queue_meta, queue_names
 
 __all__ = ["EtcdQueues"]
 
@@ -58,6 +60,16 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(blob: bytes) -> Any:
     return msgpack.unpackb(blob, raw=False)
+
+
+def _state(blob: bytes) -> State:
+    """A queue's state as stored; a decoding error for anything else (see readback.queue_meta)."""
+    state = _unpack(blob)
+    if (not isinstance(state, list) or len(state) != _RES + 1 or not isinstance(state[_RES], dict)
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in state[:_RES])):
+        raise TypeError("a queue state is [max_bytes, max_entries, stale_after, created_at, seq, entries, "
+                        "bytes, {reservations}]")
+    return state
 
 
 def _mod_is(key: bytes, revision: int) -> rpc.Compare:
@@ -124,7 +136,7 @@ class EtcdQueues(QueueStore):
         if not kvs:
             self._forget(name)
             raise QueueNotFound(f"no queue {name!r}")
-        cached = (kvs[0].mod_revision, _unpack(kvs[0].value))
+        cached = (kvs[0].mod_revision, queue_meta(kvs[0].key, _state, kvs[0].value))
         self._remember(name, *cached)
         return cached, [r.response_range for r in resp.responses[1:]]
 
@@ -194,7 +206,7 @@ class EtcdQueues(QueueStore):
         resp = self._send([], [rpc.RangeRequest(key=self._states, range_end=prefix_range_end(self._states),
                                                 keys_only=True)])
         skip = len(self._states)
-        return [kv.key[skip:].decode() for kv in resp.responses[0].response_range.kvs]
+        return queue_names((kv.key[skip:], kv.key) for kv in resp.responses[0].response_range.kvs)
 
     def _queue_info(self, name: str) -> QueueInfo:
         (_, s), _ = self._read(name)
@@ -363,9 +375,10 @@ class EtcdQueues(QueueStore):
         resp = self._send([], [rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix), limit=max)])
         out = []
         for kv in resp.responses[0].response_range.kvs:
-            queue, _, mk = kv.key[len(self._dead):].decode().rpartition("/")
-            data, reason, at = _unpack(kv.value)
-            out.append(DeadLetter(queue, mk, data, reason, at))
+            queue, _, mk = kv.key[len(self._dead):].rpartition(b"/")
+            letter = foreign.decode("queue_dead_letter", kv.key, dead_letter, queue, mk, kv.value)
+            if letter is not None:
+                out.append(letter)
         return out
 
     def _purge_dead_letters(self, name: str | None) -> int:
@@ -385,10 +398,14 @@ class EtcdQueues(QueueStore):
         kvs = self._send([], [rpc.RangeRequest(key=self._record_key(kind, name))]).responses[0].response_range.kvs
         return kvs[0].value if kvs else None
 
+    def record_key(self, kind: str, name: str) -> str:
+        """See :meth:`QueueStore.record_key`."""
+        return self._record_key(kind, name).decode()
+
     def _list_records(self, kind: str) -> dict[str, bytes]:
         prefix = self._record_key(kind, "")
         resp = self._send([], [rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix))])
-        return {kv.key[len(prefix):].decode(): kv.value for kv in resp.responses[0].response_range.kvs}
+        return named_records(kind, ((kv.key[len(prefix):], kv.value, kv.key) for kv in resp.responses[0].response_range.kvs))
 
     def _delete_record(self, kind: str, name: str) -> bool:
         resp = self._send([], [rpc.DeleteRangeRequest(key=self._record_key(kind, name))])

@@ -26,18 +26,22 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgpack
 import redis
 from redis.commands.core import Script
 
-from ..errors import ConfigError, QueueFull, QueueNotFound, ReservationNotFound
+from .. import foreign
+from ..errors import ConfigError, ForeignRecord, QueueFull, QueueNotFound, ReservationNotFound
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+from .readback import dead_letter, named_records, queue_meta, queue_names
 
 __all__ = ["RedisQueues"]
+
+T = TypeVar("T")
 
 _MISSING, _FULL = -1, -2  # script status codes; -3: unknown or expired reservation
 
@@ -306,6 +310,20 @@ class _Outbox(RedisOutbox):
         return [repr(self._now), *(body for _, body in self.entries)]
 
 
+def _stats_of(row: list[Any], now: float) -> QueueStats:
+    entries, used, n, reserved, max_bytes, max_entries, owner, until = row
+    lease = _lease(owner, until, now)
+    return QueueStats(entries, int(used), n, int(reserved), int(max_bytes), int(max_entries),
+                      lease[0] if lease else None, lease[1] if lease else None)
+
+
+def _lease(owner: bytes | None, until: bytes | None, now: float) -> tuple[str, float] | None:
+    if owner is None:
+        return None
+    expires = float(until)  # type: ignore[arg-type]  # None raises TypeError: a foreign record
+    return None if expires < now else (owner.decode(), expires)
+
+
 class RedisQueues(QueueStore):
     """``redis://host:port/db``; keys live under ``{prefix}:q:``."""
 
@@ -343,6 +361,21 @@ class RedisQueues(QueueStore):
         with self._errors(what):
             return c.scripts[script](keys=keys, args=args)
 
+    def _read_meta(self, name: str, what: str, read: Callable[[_Client], Any], decode: Callable[[Any], T]) -> T:
+        """``decode(read(client))`` of queue ``name``'s metadata; ForeignRecord (counted) when
+        a key of the queue has the wrong Redis type or its fields do not decode."""
+        meta = self._keys(name, "m")[0]
+        c = self._client.get()
+        with self._errors(what):
+            try:
+                row = read(c)
+            except redis.ResponseError as exc:
+                if "WRONGTYPE" not in str(exc):
+                    raise
+                foreign.skip("queue_meta", meta, "wrong_type", str(exc))
+                raise ForeignRecord(meta, "a key of the queue has the wrong Redis type") from exc
+        return queue_meta(meta, decode, row)
+
     def _keys(self, name: str, *kinds: str) -> list[str]:
         return [f"{self._ns}{kind}:{name}" for kind in kinds]
 
@@ -359,17 +392,20 @@ class RedisQueues(QueueStore):
     def _list_queues(self) -> list[str]:
         c = self._client.get()
         with self._errors("list queues"):
-            names = c.r.smembers(self._registry)
-        return sorted(n.decode() for n in names)  # type: ignore[union-attr]
+            try:
+                names = cast("set[bytes]", c.r.smembers(self._registry))
+            except redis.ResponseError as exc:  # the registry is not a set: no queue can be found
+                foreign.skip("queue_name", self._registry, "wrong_type", str(exc))
+                return []
+        return queue_names((n, f"{self._registry} member {n!r}") for n in names)
 
     def _queue_info(self, name: str) -> QueueInfo:
-        c = self._client.get()
-        with self._errors(f"info {name}"):
-            row = c.r.hmget(self._keys(name, "m")[0], ["max_bytes", "max_entries", "stale_after", "created_at"])
-        if row[0] is None:  # type: ignore[index]
+        row = self._read_meta(name, f"info {name}", lambda c: c.r.hmget(
+            self._keys(name, "m")[0], ["max_bytes", "max_entries", "stale_after", "created_at"]), list)
+        if row[0] is None:
             raise QueueNotFound(f"no queue {name!r}")
-        mb, me, st, ca = row  # type: ignore[misc]
-        return QueueInfo(name, int(mb), int(me), float(st), float(ca))
+        return queue_meta(self._keys(name, "m")[0], lambda mb, me, st, ca: QueueInfo(
+            name, int(mb), int(me), float(st), float(ca)), *row)
 
     # -- writers ----------------------------------------------------------------------------
 
@@ -435,13 +471,12 @@ class RedisQueues(QueueStore):
         return n
 
     def _stats(self, name: str, now: float) -> QueueStats:
-        row = self._run("stats", f"stats of {name}", self._keys(name, "m", "r", "e"), [repr(now)])
+        keys = self._keys(name, "m", "r", "e")
+        row = self._read_meta(name, f"stats of {name}", lambda c: c.scripts["stats"](keys=keys, args=[repr(now)]),
+                              lambda row: row)
         if row == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
-        entries, used, n, reserved, max_bytes, max_entries, owner, until = row
-        lease = owner is not None and float(until) >= now
-        return QueueStats(entries, int(used), n, int(reserved), int(max_bytes), int(max_entries),
-                          owner.decode() if lease else None, float(until) if lease else None)
+        return queue_meta(keys[0], _stats_of, row, now)
 
     # -- leases -----------------------------------------------------------------------------------
 
@@ -455,13 +490,12 @@ class RedisQueues(QueueStore):
         return bool(self._run("unlock", f"unlock {name}", self._keys(name, "m"), [owner]))
 
     def _owner(self, name: str, now: float) -> tuple[str, float] | None:
-        c = self._client.get()
-        with self._errors(f"owner of {name}"):
-            row = c.r.hmget(self._keys(name, "m")[0], ["max_bytes", "owner", "owner_until"])
-        if row[0] is None:  # type: ignore[index]
+        meta = self._keys(name, "m")[0]
+        row = self._read_meta(name, f"owner of {name}", lambda c: c.r.hmget(meta, ["max_bytes", "owner", "owner_until"]),
+                              list)
+        if row[0] is None:
             raise QueueNotFound(f"no queue {name!r}")
-        _, owner, until = row  # type: ignore[misc]
-        return None if owner is None or float(until) < now else (owner.decode(), float(until))
+        return queue_meta(meta, _lease, row[1], row[2], now)
 
     # -- dead letters ---------------------------------------------------------------------------
 
@@ -476,11 +510,18 @@ class RedisQueues(QueueStore):
         c = self._client.get()
         out: list[DeadLetter] = []
         for queue in self._list_queues() if name is None else [name]:
+            key = self._keys(queue, "d")[0]
             with self._errors(f"dead letters of {queue}"):
-                rows = c.r.hgetall(self._keys(queue, "d")[0])
-            for mk in sorted(rows):  # type: ignore[arg-type]
-                data, reason, at = msgpack.unpackb(rows[mk])  # type: ignore[index]
-                out.append(DeadLetter(queue, mk.decode(), data, reason, at))
+                try:
+                    rows = cast("dict[bytes, bytes]", c.r.hgetall(key))
+                except redis.ResponseError as exc:
+                    foreign.skip("queue_dead_letter", key, "wrong_type", str(exc))
+                    continue
+            for mk in sorted(rows):
+                letter = foreign.decode("queue_dead_letter", f"{key} field {foreign.key_text(mk)}", dead_letter,
+                                        queue, mk, rows[mk])
+                if letter is not None:
+                    out.append(letter)
                 if len(out) == max:
                     return out
         return out
@@ -502,9 +543,20 @@ class RedisQueues(QueueStore):
     def _get_record(self, kind: str, name: str) -> bytes | None:
         return self._record_op(f"get {kind}/{name}", lambda r, h: r.hget(h, name), kind)
 
+    def record_key(self, kind: str, name: str) -> str:
+        """See :meth:`QueueStore.record_key`."""
+        return f"{self._ns}rec:{kind} field {name}"
+
     def _list_records(self, kind: str) -> dict[str, bytes]:
-        rows = self._record_op(f"list {kind}", lambda r, h: r.hgetall(h), kind)
-        return {k.decode(): v for k, v in sorted(rows.items())}
+        def read(r: redis.Redis, h: str) -> dict[bytes, bytes]:
+            try:
+                return cast("dict[bytes, bytes]", r.hgetall(h))
+            except redis.ResponseError as exc:  # the hash of records is another type: there are none
+                foreign.skip(f"notify_{kind}", h, "wrong_type", str(exc))
+                return {}
+
+        rows = self._record_op(f"list {kind}", read, kind)
+        return named_records(kind, ((k, v, self.record_key(kind, foreign.key_text(k))) for k, v in rows.items()))
 
     def _delete_record(self, kind: str, name: str) -> bool:
         return bool(self._record_op(f"delete {kind}/{name}", lambda r, h: r.hdel(h, name), kind))

@@ -18,9 +18,10 @@ try:  # typer 0.2x vendors click
 except ImportError:  # pragma: no cover - typer on the click package
     from click import exceptions as click  # type: ignore[no-redef]
 
+from dfpubsub import foreign
 from dfpubsub.console import console_main, one_line
 
-from . import notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
+from . import doctor_cmds, notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
 from .context import CliState, Format
 
 __all__ = ["app", "main"]
@@ -37,6 +38,7 @@ app.add_typer(pubsub_cmds.app)
 app.add_typer(watch.app)
 app.add_typer(queue_cmds.app, name="queues", help="The persistent notification queues (shards of persistent topics).")
 app.add_typer(notify_cmds.app)
+app.add_typer(doctor_cmds.app)
 
 
 @app.callback()
@@ -53,6 +55,8 @@ def _options(
     fmt: Annotated[Format, typer.Option("--format", "-o", help="table for people, json for scripts.")] = Format.table,
 ) -> None:
     ctx.obj = CliState(config, store, queues, fmt)
+    # Every record a read of this command skips is shown with its result (output.Output.footer).
+    ctx.obj.out.skipped = ctx.with_resource(foreign.collect())
 
 
 @console_main("df-db")

@@ -12,6 +12,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -21,6 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from dfpubsub.foreign import SkippedRecord
 
 __all__ = ["Column", "Output", "fail", "to_json", "compact", "duration", "clock", "when"]
 
@@ -107,6 +110,8 @@ class Output:
 
     def __init__(self, json_mode: bool):
         self.json = json_mode
+        #: The foreign records the command's reads skipped (dfpubsub.foreign), shown with the result.
+        self.skipped: list[SkippedRecord] = []
         # Piped, a table keeps each row on one line (for grep) instead of wrapping at 80 columns.
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
         self.err = Console(stderr=True, highlight=False)
@@ -118,7 +123,9 @@ class Output:
     def rows(self, rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str | None = None) -> None:
         """A list of objects: a JSON array, or a table with ``columns``."""
         if self.json:
-            self.document(list(rows))
+            # Only with something skipped does the array become {"items": [...], "skipped": [...]}:
+            # a script that reads the usual array then fails loudly instead of missing records silently.
+            self.document({"items": list(rows), "skipped": self._skipped()} if self.skipped else list(rows))
             return
         table = Table(title=title, show_edge=False, header_style="bold")
         for col in columns:
@@ -128,11 +135,12 @@ class Output:
         self.console.print(table)
         if not rows:
             self.err.print("(none)")
+        self.footer()
 
     def record(self, doc: dict[str, Any], show: dict[str, Callable[[Any], str]] | None = None) -> None:
         """One object: a JSON object, or a two-column table of its fields."""
         if self.json:
-            self.document(doc)
+            self.document({**doc, "skipped": self._skipped()} if self.skipped else doc)
             return
         table = Table(show_header=False, show_edge=False)
         table.add_column(style="bold")
@@ -141,6 +149,18 @@ class Output:
             shown = (show or {}).get(name, compact if not isinstance(value, str) else str)
             table.add_row(name, Text(shown(value)))
         self.console.print(table)
+        self.footer()
+
+    def footer(self) -> None:
+        """In table mode, one line on stderr saying what the reads skipped, if anything."""
+        if self.skipped and not self.json:
+            kinds = Counter(f"{r.kind} {r.reason}" for r in self.skipped)
+            self.note(f"skipped {len(self.skipped)} record(s) that do not decode ("
+                      + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+                      + "); df-db doctor lists their keys")
+
+    def _skipped(self) -> list[dict[str, str]]:
+        return [r._asdict() for r in self.skipped]
 
     def line(self, doc: dict[str, Any], text: Text) -> None:
         """One streamed item: a JSON line, or ``text``."""
