@@ -35,6 +35,7 @@ COUNTERS: dict[str, str] = {
     "drops": "Messages dropped, by reason.",
     "handler_errors": "Event handlers that raised.",
     "send_errors": "Transport send failures.",
+    "background_errors": "Unexpected errors a background thread survived (logged with their traceback).",
     "subscribers_joined": "Subscribers a publisher saw join (where the transport tells).",
     "events_archived": "Events written to the event log (df-archiver).",
     "segments_published": "Parquet segments published to the event log.",
