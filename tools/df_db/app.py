@@ -7,6 +7,7 @@ traceback; 2 a usage error or a bad configuration.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Annotated
@@ -55,8 +56,10 @@ def _options(
     fmt: Annotated[Format, typer.Option("--format", "-o", help="table for people, json for scripts.")] = Format.table,
 ) -> None:
     ctx.obj = CliState(config, store, queues, fmt)
-    # Every record a read of this command skips is shown with its result (output.Output.footer).
+    # Every record a read of this command skips is shown with its result (output.Output.footer),
+    # not also as a log line on stderr.
     ctx.obj.out.skipped = ctx.with_resource(foreign.collect())
+    foreign.log.addHandler(logging.NullHandler())
 
 
 @console_main("df-db")

@@ -155,9 +155,9 @@ class Output:
         """In table mode, one line on stderr saying what the reads skipped, if anything."""
         if self.skipped and not self.json:
             kinds = Counter(f"{r.kind} {r.reason}" for r in self.skipped)
-            self.note(f"skipped {len(self.skipped)} record(s) that do not decode ("
-                      + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-                      + "); df-db doctor lists their keys")
+            self.err.print(f"skipped {len(self.skipped)} record(s) that do not decode ("
+                           + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+                           + "); df-db doctor lists their keys", markup=False, soft_wrap=True)
 
     def _skipped(self) -> list[dict[str, str]]:
         return [r._asdict() for r in self.skipped]
