@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import Any
 
 from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.config import add_config_arguments, settings_from_args
-from dfpubsub.errors import DfPubSubError, PipelineError
+from dfpubsub.errors import PipelineError
 from dfpubsub.logs import setup_logging
-
-log = logging.getLogger("df-pipeline")
 
 __all__ = ["main"]
 
@@ -139,10 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"df-pipeline: {exc}", file=sys.stderr)
         return 2
-    except DfPubSubError as exc:
-        log.error("failed", extra={"command": args.command, "error": str(exc)})
-        print(f"df-pipeline: {exc}", file=sys.stderr)
-        return 1
     print(json.dumps(result, sort_keys=True))
     return 0 if result.get("verified", True) else 1
 
