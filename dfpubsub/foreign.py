@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import struct
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, TypeVar
 
@@ -41,7 +42,7 @@ SKIPPED = LabelledCounter("skipped_records", "Records read back from a backend t
 #: What decoding a foreign record can raise. Anything else is a bug and propagates.
 DECODE_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError,
-    msgpack.UnpackException,
+    msgpack.UnpackException, struct.error,
 )
 
 _collector: contextvars.ContextVar[list["SkippedRecord"] | None] = contextvars.ContextVar(

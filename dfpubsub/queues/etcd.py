@@ -44,7 +44,7 @@ from .. import foreign
 from ..errors import QueueError, QueueFull, QueueNotFound, ReservationNotFound
 from ..store.etcd import EtcdStore, _txn
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
-from .readback import dead_letter, named_records, queue_meta, queue_names
+from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names
 
 __all__ = ["EtcdQueues"]
 
@@ -285,7 +285,13 @@ class EtcdQueues(QueueStore):
         _, (page,) = self._read(name, rpc.RangeRequest(key=prefix + marker(after + 1).encode(),
                                                        range_end=prefix_range_end(prefix), limit=max + 1))
         skip, unpack_at = len(prefix), _AT.unpack_from
-        out = [QueueEntry(kv.key[skip:].decode(), kv.value[8:], unpack_at(kv.value)[0]) for kv in page.kvs[:max]]
+        out = []
+        for kv in page.kvs[:max]:
+            mk = kv.key[skip:].decode("ascii", "replace")
+            try:  # free unless it raises
+                out.append(QueueEntry(mk, kv.value[8:], unpack_at(kv.value)[0]))
+            except foreign.DECODE_ERRORS as exc:
+                out.append(foreign_entry(mk, kv.key, exc))
         return out, len(page.kvs) > max
 
     def _remove(self, name: str, up_to: int) -> int:

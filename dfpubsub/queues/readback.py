@@ -14,9 +14,9 @@ import msgpack
 
 from .. import foreign
 from ..errors import ForeignRecord
-from .api import DeadLetter, check_name
+from .api import DeadLetter, QueueEntry, check_name
 
-__all__ = ["queue_names", "named_records", "dead_letter", "queue_meta"]
+__all__ = ["queue_names", "named_records", "dead_letter", "queue_meta", "foreign_entry"]
 
 T = TypeVar("T")
 
@@ -60,6 +60,13 @@ def dead_letter(queue: str | bytes, mk: str | bytes, packed: bytes) -> DeadLette
         raise TypeError("a dead letter is [bytes, str, number]")
     return DeadLetter(_name(queue) if isinstance(queue, bytes) else queue,
                       mk.decode() if isinstance(mk, bytes) else mk, data, reason, float(at))
+
+
+def foreign_entry(mk: str, key: object, exc: BaseException) -> QueueEntry:
+    """A queue entry of the wrong shape (counted): handed on with no data, so that its owner
+    treats it as any undecodable entry (sets it aside) and the queue moves on past it."""
+    foreign.skip_error("queue_entry", key, exc)
+    return QueueEntry(mk, b"", 0.0)
 
 
 def _name(raw: bytes) -> str:

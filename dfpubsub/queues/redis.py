@@ -37,7 +37,7 @@ from ..errors import ConfigError, ForeignRecord, QueueFull, QueueNotFound, Reser
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
-from .readback import dead_letter, named_records, queue_meta, queue_names
+from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names
 
 __all__ = ["RedisQueues"]
 
@@ -135,7 +135,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local gone = redis.call('XRANGE', KEYS[2], '-', ARGV[1])
 if #gone == 0 then return 0 end
 local freed = 0
-for i = 1, #gone do freed = freed + string.len(gone[i][2][4]) end
+for i = 1, #gone do freed = freed + string.len(gone[i][2][4] or '') end  -- a foreign entry has no data
 redis.call('XTRIM', KEYS[2], 'MINID', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'bytes', int(-freed))
 return #gone
@@ -459,9 +459,14 @@ class RedisQueues(QueueStore):
         if rows == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
         out = []
+        key = self._keys(name, "e")[0]
         for sid, fields in rows[:max]:
             # fields: [b"t", enqueued_at, b"d", data]
-            out.append(QueueEntry(marker(int(sid[:sid.index(b"-")])), fields[3], float(fields[1])))
+            mk = marker(int(sid[:sid.index(b"-")]))
+            try:  # free unless it raises
+                out.append(QueueEntry(mk, fields[3], float(fields[1])))
+            except foreign.DECODE_ERRORS as exc:
+                out.append(foreign_entry(mk, f"{key} id {sid.decode()}", exc))
         return out, len(rows) > max
 
     def _remove(self, name: str, up_to: int) -> int:

@@ -293,6 +293,34 @@ def test_foreign_queue_metadata_is_named_and_the_other_queues_listed(backend, re
     queues.close()
 
 
+def test_a_queue_entry_of_the_wrong_shape_is_set_aside_and_delivery_goes_on(shared_redis):
+    prefix = f"fre{next(_n)}"
+    queues = open_queues(shared_redis.url, prefix=prefix)
+    registry = NotificationRegistry(queues, cache_ttl=0.0)
+    r = redis_py.Redis.from_url(shared_redis.url)
+    with WebhookReceiver() as webhook:
+        topic = make_topic(registry, "orders", webhook.url, shards=1)
+        registry.put_configuration(NotificationConfig("all", "port", "orders"))
+        store = open_store(shared_redis.url, ["port"], prefix=prefix)
+        api = NbApi(store, None, Notifier(registry, queues))
+        api.create("port", "before", 1)
+        # Another writer appends an entry of its own shape, and keeps the queue's sequence with it.
+        r.xadd(f"{prefix}:q:e:orders", {"x": "y"}, id="2-0")
+        r.hset(f"{prefix}:q:m:orders", "seq", 2)
+        api.create("port", "after", 2)
+        before = _skipped("queue_entry")
+        worker = delivery(queues)
+        try:
+            wait_drained(registry, "orders")
+            assert sorted(k for k, _ in delivered_keys(webhook)) == ["after", "before"]
+            assert [d.marker for d in queues.list_dead_letters("orders")] == ["00000000000000000002"]
+            assert _skipped("queue_entry") > before
+        finally:
+            worker.stop()
+        store.close()
+    queues.close()
+
+
 # -- drivers and publishers ------------------------------------------------------------------------------
 
 def test_a_foreign_join_counter_leaves_the_redis_publisher_running(shared_redis):
