@@ -28,7 +28,8 @@ import msgpack
 from .logs import RateLimitedLog
 from .metrics import LabelledCounter
 
-__all__ = ["SkippedRecord", "skip", "skip_error", "decode", "collect", "reason_of", "key_text", "SKIPPED", "DECODE_ERRORS"]
+__all__ = ["SkippedRecord", "skip", "skip_error", "decode", "collect", "reason_of", "key_text", "SKIPPED",
+           "DECODE_ERRORS"]
 
 T = TypeVar("T")
 

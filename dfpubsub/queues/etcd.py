@@ -411,7 +411,8 @@ class EtcdQueues(QueueStore):
     def _list_records(self, kind: str) -> dict[str, bytes]:
         prefix = self._record_key(kind, "")
         resp = self._send([], [rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix))])
-        return named_records(kind, ((kv.key[len(prefix):], kv.value, kv.key) for kv in resp.responses[0].response_range.kvs))
+        kvs = resp.responses[0].response_range.kvs
+        return named_records(kind, ((kv.key[len(prefix):], kv.value, kv.key) for kv in kvs))
 
     def _delete_record(self, kind: str, name: str) -> bool:
         resp = self._send([], [rpc.DeleteRangeRequest(key=self._record_key(kind, name))])

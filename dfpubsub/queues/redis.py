@@ -496,8 +496,8 @@ class RedisQueues(QueueStore):
 
     def _owner(self, name: str, now: float) -> tuple[str, float] | None:
         meta = self._keys(name, "m")[0]
-        row = self._read_meta(name, f"owner of {name}", lambda c: c.r.hmget(meta, ["max_bytes", "owner", "owner_until"]),
-                              list)
+        row = self._read_meta(name, f"owner of {name}",
+                              lambda c: c.r.hmget(meta, ["max_bytes", "owner", "owner_until"]), list)
         if row[0] is None:
             raise QueueNotFound(f"no queue {name!r}")
         return queue_meta(meta, _lease, row[1], row[2], now)

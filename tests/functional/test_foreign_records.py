@@ -124,7 +124,8 @@ def test_every_store_read_serves_the_valid_objects_and_counts_the_rest(fouled):
     assert {o.key for o in store.list_topics(["port"])} == _served(backend)
     # A version listing leaves values on the server: only a foreign value goes unseen there.
     assert _served(backend) <= {v.key for v in store.list_versions(["port"])} <= _served(backend) | VALUE_ONLY
-    assert {o.key for o in store.get_many([("port", k) for k in [*GOOD, "not-msgpack", "truncated"]])} == _served(backend)
+    refs = [("port", k) for k in [*GOOD, "not-msgpack", "truncated"]]
+    assert {o.key for o in store.get_many(refs)} == _served(backend)
     assert store.get("port", "not-msgpack") is None and store.get("port", "g2").value == GOOD["g2"]
     assert store.list("network") == []
 
