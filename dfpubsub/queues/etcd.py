@@ -72,6 +72,18 @@ def _state(blob: bytes) -> State:
     return state
 
 
+def _lease(kv: Any) -> tuple[str, float] | None:
+    """(owner, until) of a lease key; None (skipped, counted) when it is not one."""
+    return foreign.decode("queue_lease", kv.key, _owner_until, kv.value)
+
+
+def _owner_until(blob: bytes) -> tuple[str, float]:
+    owner, until = _unpack(blob)
+    if not isinstance(owner, str) or isinstance(until, bool) or not isinstance(until, (int, float)):
+        raise TypeError("a lease is [owner, until]")
+    return owner, float(until)
+
+
 def _mod_is(key: bytes, revision: int) -> rpc.Compare:
     return rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision)
 
@@ -328,17 +340,16 @@ class EtcdQueues(QueueStore):
 
     @staticmethod
     def _holder(lease: Any, now: float) -> tuple[str, float] | None:
-        if not lease.kvs:
-            return None
-        owner, until = _unpack(lease.kvs[0].value)
-        return None if until < now else (owner, until)
+        held = _lease(lease.kvs[0]) if lease.kvs else None
+        return None if held is None or held[1] < now else held
 
     def _lock(self, name: str, owner: str, now: float, until: float) -> bool:
         key = self._locks + name.encode()
         while True:
             _, (lease,) = self._read(name, rpc.RangeRequest(key=key))
             if lease.kvs:
-                holder, held_until = _unpack(lease.kvs[0].value)
+                # A foreign lease (counted) holds nothing: it is taken over, and so repaired.
+                holder, held_until = _lease(lease.kvs[0]) or (owner, now)
                 if holder != owner and held_until >= now:
                     return False
                 guard = _mod_is(key, lease.kvs[0].mod_revision)
@@ -353,7 +364,7 @@ class EtcdQueues(QueueStore):
         key = self._locks + name.encode()
         resp = self._send([], [rpc.RangeRequest(key=key)])
         kvs = resp.responses[0].response_range.kvs
-        if not kvs or _unpack(kvs[0].value)[0] != owner:
+        if not kvs or (_lease(kvs[0]) or ("",))[0] != owner:
             return False
         return self._send([_mod_is(key, kvs[0].mod_revision)], [rpc.DeleteRangeRequest(key=key)]).succeeded
 

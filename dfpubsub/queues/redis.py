@@ -43,6 +43,8 @@ __all__ = ["RedisQueues"]
 
 T = TypeVar("T")
 
+#: Past any lease's expiry (Unix seconds): a larger one, or nan or inf, is another writer's.
+_MAX_UNTIL = 1e12
 _MISSING, _FULL = -1, -2  # script status codes; -3: unknown or expired reservation
 
 # int(): integers as Redis wants them. sweep(): drops the expired reservations at now.
@@ -169,10 +171,13 @@ return redis.call('SREM', KEYS[1], ARGV[1])
 _LOCK = """
 local cur = redis.call('HMGET', KEYS[1], 'max_bytes', 'owner', 'owner_until')
 if not cur[1] then return -1 end
-if cur[2] and cur[2] ~= ARGV[1] and tonumber(cur[3]) >= tonumber(ARGV[2]) then return 0 end
+-- A lease whose expiry is not a time (another writer's: text, nan, inf) holds nothing: it is taken over.
+local held = tonumber(cur[3]) or 0
+if held ~= held or held > {max_until} then held = 0 end
+if cur[2] and cur[2] ~= ARGV[1] and held >= tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'owner_until', ARGV[3])
 return 1
-"""
+""".replace("{max_until}", repr(_MAX_UNTIL))
 
 # KEYS: meta. ARGV: owner.
 _UNLOCK = """
@@ -310,18 +315,26 @@ class _Outbox(RedisOutbox):
         return [repr(self._now), *(body for _, body in self.entries)]
 
 
-def _stats_of(row: list[Any], now: float) -> QueueStats:
+def _stats_of(row: list[Any], now: float, meta: str) -> QueueStats:
     entries, used, n, reserved, max_bytes, max_entries, owner, until = row
-    lease = _lease(owner, until, now)
+    lease = _lease(owner, until, now, meta)
     return QueueStats(entries, int(used), n, int(reserved), int(max_bytes), int(max_entries),
                       lease[0] if lease else None, lease[1] if lease else None)
 
 
-def _lease(owner: bytes | None, until: bytes | None, now: float) -> tuple[str, float] | None:
+def _lease(owner: bytes | None, until: bytes | None, now: float, meta: str) -> tuple[str, float] | None:
+    """The live lease of a queue's metadata fields; a foreign one (counted) holds nothing."""
     if owner is None:
         return None
-    expires = float(until)  # type: ignore[arg-type]  # None raises TypeError: a foreign record
-    return None if expires < now else (owner.decode(), expires)
+    held = foreign.decode("queue_lease", meta, _owner_until, owner, until)
+    return None if held is None or held[1] < now else held
+
+
+def _owner_until(owner: bytes, until: bytes | None) -> tuple[str, float]:
+    expires = float(until)  # type: ignore[arg-type]  # None raises TypeError: foreign
+    if not 0 <= expires <= _MAX_UNTIL:  # nan and inf included
+        raise ValueError(f"lease expiry {until!r} is not a time")
+    return owner.decode(), expires
 
 
 class RedisQueues(QueueStore):
@@ -481,7 +494,7 @@ class RedisQueues(QueueStore):
                               lambda row: row)
         if row == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
-        return queue_meta(keys[0], _stats_of, row, now)
+        return queue_meta(keys[0], _stats_of, row, now, keys[0])
 
     # -- leases -----------------------------------------------------------------------------------
 
@@ -500,7 +513,7 @@ class RedisQueues(QueueStore):
                               lambda c: c.r.hmget(meta, ["max_bytes", "owner", "owner_until"]), list)
         if row[0] is None:
             raise QueueNotFound(f"no queue {name!r}")
-        return queue_meta(meta, _lease, row[1], row[2], now)
+        return _lease(row[1], row[2], now, meta)
 
     # -- dead letters ---------------------------------------------------------------------------
 

@@ -288,6 +288,15 @@ def test_foreign_queue_metadata_is_named_and_the_other_queues_listed(backend, re
             queues.stats(name)
     assert queues.list_queues() == ["a", "b", "c"]
     assert queues.stats("a").entries == 0
+    # A lease another writer left holds nothing: it is not shown, and the next owner takes it over.
+    for until in ("never", "inf", "nan"):
+        if backend == "redis":
+            r.hset(f"{prefix}:q:m:a", mapping={"owner": "ghost", "owner_until": until})
+        else:
+            conn._commit(_txn([], [rpc.PutRequest(key=queues._locks + b"a", value=msgpack.packb(["ghost", until]))]))
+        assert queues.owner("a") is None and queues.stats("a").owner is None
+        assert queues.lock("a", "w1", 10.0) and queues.owner("a")[0] == "w1"
+        assert queues.unlock("a", "w1")
     env = base_env(DFPUBSUB_STORE__URL=server.url, DFPUBSUB_STORE__PREFIX=prefix)
     listed = json.loads(df_db(env, "-o", "json", "queues", "list").stdout)
     assert [q["queue"] for q in listed["items"]] == ["a"] and len(listed["skipped"]) == 3
