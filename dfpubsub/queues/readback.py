@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import TypeVar
+
 import msgpack
 
 from .. import foreign

@@ -1,7 +1,10 @@
 import random
+import time
 
 import pytest
 
+from dfpubsub import Subscriber, SubscriberOptions, load_driver
+from dfpubsub.metrics import Stats
 from dfpubsub.resync import ResyncScheduler
 
 
@@ -126,3 +129,24 @@ def test_a_request_after_the_spacing_but_before_the_quiet_spell_keeps_the_interv
     clock.now += 0.5  # past the spacing, within the quiet spell
     s.request(["a"])
     assert s.interval == pytest.approx(0.2) and s.take(clock.now) == {"a"}
+
+
+def test_a_subscriber_asked_for_resyncs_without_pause_backs_off():
+    # End to end on a real subscriber: requests reach the scheduler only after each run (in band),
+    # which is exactly when the old scheduler saw no storm.
+    runs = []
+    sub = Subscriber(load_driver("memory://resync-storm").subscriber(Stats("s", "s")),
+                     ["t"], lambda e: None, lambda topics: runs.append(time.monotonic()),
+                     SubscriberOptions(resync_base_interval=0.02, resync_max_interval=0.4))
+    sub.start()
+    try:
+        assert sub.wait_synced(5)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            sub.request_resync(["t"], "storm")
+            time.sleep(0.002)  # pacing the requests, not waiting for anything
+    finally:
+        sub.close()
+    gaps = [b - a for a, b in zip(runs, runs[1:])]
+    assert len(runs) < 15, gaps  # ~60 at the base interval
+    assert max(gaps) >= 0.2
