@@ -204,56 +204,56 @@ return n
 # now, ARGV[AB + 1 + i] its body. The room an entry needs counts the widest version prefix. The
 # check reads each queue once (two entries may share one) and the append goes on from what it read.
 # A Redis script is not rolled back when a call fails, so the check first proves that nothing the
-# append will touch is foreign (outbox_foreign answers the culprit key's index and why): the store
+# append will touch is foreign (outbox_read answers the culprit key's index and why): the store
 # write and its appends then either all run or none does. Only sweeping a valid queue's expired
 # reservations may have happened when a later queue turns out foreign, and that changes nothing
 # anyone can see.
 _OUTBOX = _LIB + """
 local OB_N, ob = (#KEYS - KB) / 3, {}
 local function count(x) return x and string.len(x) <= 15 and string.match(x, '^%d+$') ~= nil end
-local function outbox_foreign(k)
-  local tm = redis.call('TYPE', KEYS[k + 1])['ok']
-  if tm == 'none' then return nil end
-  if tm ~= 'hash' then return {k + 1, 'queue metadata is a ' .. tm .. ', not a hash'} end
-  local m = redis.call('HMGET', KEYS[k + 1], 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
+-- The queue at KEYS[k + 1 .. k + 3], read once: nil when it does not exist, false plus the culprit
+-- key's index and why when something there is foreign, else its state for the check and the append.
+local function outbox_read(k, now)
+  local meta, res = KEYS[k + 1], KEYS[k + 2]
+  local m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
+  if m.err then return false, k + 1, 'queue metadata is not a hash' end
+  if not m[1] then return nil end
   for j = 1, 5 do
-    if not count(m[j]) then return {k + 1, 'queue metadata has a field that is not a count'} end
+    if not count(m[j]) then return false, k + 1, 'queue metadata has a field that is not a count' end
   end
-  local tr = redis.call('TYPE', KEYS[k + 2])['ok']
-  if tr ~= 'none' and tr ~= 'zset' then return {k + 2, 'queue reservations are a ' .. tr .. ', not a sorted set'} end
-  local te = redis.call('TYPE', KEYS[k + 3])['ok']
-  if te == 'none' then return nil end
-  if te ~= 'stream' then return {k + 3, 'queue entries are a ' .. te .. ', not a stream'} end
-  local top = redis.call('XINFO', 'STREAM', KEYS[k + 3])
-  for j = 1, #top, 2 do
-    if top[j] == 'last-generated-id' then
-      local ms = tonumber(string.match(top[j + 1], '^(%d+)'))
-      if ms > tonumber(m[5]) then return {k + 3, 'queue entries hold an id past the queue sequence ' .. m[5]} end
+  local len, last = 0, 0
+  local info = redis.pcall('XINFO', 'STREAM', KEYS[k + 3])
+  if info.err then
+    if not string.find(info.err, 'no such key') then return false, k + 3, 'queue entries are not a stream' end
+  else
+    for j = 1, #info, 2 do
+      if info[j] == 'length' then len = info[j + 1] end
+      if info[j] == 'last-generated-id' then last = tonumber(string.match(info[j + 1], '^(%d+)')) end
     end
   end
-  return nil
+  if last > tonumber(m[5]) then return false, k + 3, 'queue entries hold an id past the queue sequence ' .. m[5] end
+  local held, reserved = 0, tonumber(m[4])
+  if reserved > 0 then  -- else there are no reservations to count or sweep
+    local t = redis.call('TYPE', res)['ok']
+    if t ~= 'zset' and t ~= 'none' then return false, k + 2, 'queue reservations are a ' .. t .. ', not a sorted set' end
+    reserved = reserved - sweep(meta, res, now)
+    held = redis.call('ZCARD', res)
+  end
+  return {max_bytes = tonumber(m[1]), max_entries = tonumber(m[2]), used = tonumber(m[3]) + reserved,
+          count = len + held, bytes = tonumber(m[3]), seq = tonumber(m[5])}
 end
 local function outbox_check()
   local now = ARGV[AB + 1]
   for i = 1, OB_N do
     local k = KB + 3 * (i - 1)
-    local meta, res = KEYS[k + 1], KEYS[k + 2]
+    local meta = KEYS[k + 1]
     local q = ob[meta]
     if q == nil then
-      local bad = outbox_foreign(k)
-      if bad then return {5, bad[1], bad[2]} end
-      q = false
-      local m = redis.call('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
-      if m[1] then
-        local held, reserved = 0, tonumber(m[4])
-        if reserved > 0 then  -- else there are no reservations to count or sweep
-          reserved = reserved - sweep(meta, res, now)
-          held = redis.call('ZCARD', res)
-        end
-        q = {max_bytes = tonumber(m[1]), max_entries = tonumber(m[2]), used = tonumber(m[3]) + reserved,
-             count = redis.call('XLEN', KEYS[k + 3]) + held, bytes = tonumber(m[3]), seq = tonumber(m[5])}
-      end
-      ob[meta] = q
+      local culprit, why
+      q, culprit, why = outbox_read(k, now)
+      if q == false then return {5, culprit, why} end
+      ob[meta] = q or false
+      q = ob[meta]
     end
     if q then
       q.used = q.used + {prefix} + string.len(ARGV[AB + 1 + i])

@@ -202,7 +202,8 @@ def test_a_write_a_foreign_queue_record_would_break_is_refused_before_it_changes
         "entry_id_past_seq": lambda: r.xadd(ns + "e:" + shard, {"x": "y"}, id="999999-0"),
         "seq_not_a_number": lambda: r.hset(ns + "m:" + shard, "seq", "abc"),
         "meta_wrong_type": lambda: (r.delete(ns + "m:" + shard), r.sadd(ns + "m:" + shard, "x"))[1],
-        "reservations_wrong_type": lambda: r.set(ns + "r:" + shard, "x"),
+        # (only read when the metadata counts reserved bytes: else the write never touches them)
+        "reservations_wrong_type": lambda: (r.set(ns + "r:" + shard, "x"), r.hset(ns + "m:" + shard, "reserved_bytes", 10)),
         "bytes_out_of_range": lambda: r.hset(ns + "m:" + shard, "bytes", "9" * 40),
     }
     culprit[foul]()
