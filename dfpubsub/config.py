@@ -16,8 +16,10 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict,
+                               SettingsError)
 
+from .console import ArgumentParser
 from .errors import ConfigError
 
 __all__ = [
@@ -277,6 +279,22 @@ class Settings(BaseSettings):
         return dict(self.driver.get(name, {}))
 
 
+class _EnvSource(EnvSettingsSource):
+    """The environment, where a list may also be given as ``a,b`` (as on the command line)."""
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            if getattr(field.annotation, "__origin__", None) is list and isinstance(value, str):
+                return _split_list(value)
+            raise
+
+
+def _split_list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 class _DictSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]):
         super().__init__(settings_cls)
@@ -295,6 +313,12 @@ def _read_toml(path: str) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError as exc:
         raise ConfigError(f"config file {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"config file {path} is a directory, not a TOML file") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
 
@@ -304,8 +328,9 @@ def _explain(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "settings"
         got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
-        lines.append(f"  {loc}: {err['msg']}{got}")
-    return f"invalid configuration ({source}):\n" + "\n".join(lines)
+        lines.append(f"{loc}: {err['msg']}{got}")
+    # One line: it is what a console script prints (dfpubsub.console).
+    return f"invalid configuration ({source}): " + "; ".join(lines)
 
 
 def load_settings(config_file: str | None = None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -316,12 +341,14 @@ def load_settings(config_file: str | None = None, overrides: dict[str, Any] | No
     class _Loaded(Settings):
         @classmethod
         def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_: Any):  # type: ignore[override]
-            return (init_settings, env_settings, _DictSource(settings_cls, file_data))
+            return (init_settings, _EnvSource(settings_cls), _DictSource(settings_cls, file_data))
 
     try:
         loaded = _Loaded(**(overrides or {}))
     except ValidationError as exc:
         raise ConfigError(_explain(exc, f"file {path}, environment, flags" if path else "environment, flags")) from exc
+    except SettingsError as exc:
+        raise ConfigError(f"invalid configuration (environment): {exc}") from exc
     return Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
 
 
@@ -369,7 +396,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         _, section, name = dest.split("__", 2)
         field = _SECTIONS[section].model_fields[name]
         if getattr(field.annotation, "__origin__", None) is list:
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = _split_list(value)
         overrides.setdefault(section, {})[name] = value
     return load_settings(args.config, overrides)
 
@@ -380,8 +407,8 @@ def parse_settings(
     """A daemon's command line: ``--config`` and the flags of ``sections`` (all if None). Bad
     settings print one line (``prog: what is wrong``) and exit with status 2, as argparse does
     for bad flags."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     usage="%(prog)s [-h] [--version] [--config FILE] [--SECTION.SETTING VALUE ...]")
+    parser = ArgumentParser(prog=prog, description=description,
+                            usage="%(prog)s [-h] [--version] [--config FILE] [--SECTION.SETTING VALUE ...]")
     add_config_arguments(parser, sections)
     args = parser.parse_args(argv)
     try:

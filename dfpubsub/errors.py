@@ -31,6 +31,7 @@ __all__ = [
     "QueueNotFound",
     "QueueFull",
     "ReservationNotFound",
+    "ForeignRecord",
     "TopicNotFound",
     "NotificationDecodeError",
     "EndpointError",
@@ -189,6 +190,15 @@ class QueueFull(QueueError):
 
 class ReservationNotFound(QueueError, LookupError):
     """commit() of a reservation that is unknown, already committed or aborted, or expired."""
+
+
+class ForeignRecord(StoreError):
+    """A record a write must change was not written by dfpubsub (wrong type, bad numbers):
+    the write is refused before it changes anything; ``key`` names the record to remove."""
+
+    def __init__(self, key: str, detail: str):
+        self.key = key
+        super().__init__(f"{key}: {detail}; remove or repair that key (see df-db doctor)")
 
 
 class TopicNotFound(StoreError, LookupError):

@@ -36,6 +36,8 @@ def parse_endpoints(url: str) -> list[tuple[str, int]]:
         host, _, port = part.strip().rpartition(":")
         if not host or not port.isdigit() or "@" in host:
             raise ConfigError(f"etcd URL must look like etcd://host:port[,host:port]: {url!r}")
+        if not 0 < int(port) < 65536:
+            raise ConfigError(f"etcd URL {url!r}: port {port} is not between 1 and 65535")
         endpoints.append((host, int(port)))
     return endpoints
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from prometheus_client import Metric
 
-__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "ROLE_COUNTERS", "Histogram", "Stats", "register_collector",
-           "start_metrics_server"]
+__all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "ROLE_COUNTERS", "Histogram", "LabelledCounter", "Stats",
+           "register_collector", "start_metrics_server"]
 
 _live: "weakref.WeakSet[Stats]" = weakref.WeakSet()
 _registered = False
@@ -41,6 +41,7 @@ COUNTERS: dict[str, str] = {
     "drops": "Messages dropped, by reason.",
     "handler_errors": "Event handlers that raised.",
     "send_errors": "Transport send failures.",
+    "background_errors": "Unexpected errors a background thread survived (logged with their traceback).",
     "subscribers_joined": "Subscribers a publisher saw join (where the transport tells).",
     "events_archived": "Events written to the event log (df-archiver).",
     "segments_published": "Parquet segments published to the event log.",
@@ -166,6 +167,35 @@ class Stats:
         return {f"{c}:{r}" if r else c: v for (c, r), v in sorted(self.counts.items()) if v}
 
 
+class LabelledCounter:
+    """One process-wide counter with its own labels (``dfpubsub_<name>_total{labels}``).
+
+    For counts that belong to no single component, such as records skipped
+    by whichever listing read them (:mod:`dfpubsub.foreign`).
+    """
+
+    def __init__(self, name: str, help: str, labels: tuple[str, ...]):
+        self.name = name
+        self.help = help
+        self.labels = labels
+        self.counts: dict[tuple[str, ...], int] = {}
+        self._lock = threading.Lock()
+        _counters.append(self)
+
+    def inc(self, *values: str, n: int = 1) -> None:
+        """Add ``n`` to the series of label ``values``."""
+        with self._lock:
+            self.counts[values] = self.counts.get(values, 0) + n
+
+    def get(self, *values: str) -> int:
+        """The series' value; with fewer values, the sum over the series that start with them."""
+        with self._lock:
+            return sum(v for k, v in self.counts.items() if k[:len(values)] == values)
+
+
+_counters: list[LabelledCounter] = []
+
+
 class _Collector:
     """Reads every live :class:`Stats` at scrape time.
 
@@ -214,6 +244,11 @@ class _Collector:
                 hfam.add_metric([stats.role, stats.name], buckets, hist.sum)
         yield from gauges.values()
         yield from hists.values()
+        for counter in _counters:
+            fam = CounterMetricFamily(f"dfpubsub_{counter.name}", counter.help, labels=list(counter.labels))
+            for values, value in list(counter.counts.items()):
+                fam.add_metric(list(values), value)
+            yield fam
 
 
 def register_collector() -> None:
@@ -232,5 +267,10 @@ def start_metrics_server(port: int, addr: str = "127.0.0.1") -> None:
     if port:
         from prometheus_client import start_http_server
 
+        from .errors import ConfigError
+
         register_collector()
-        start_http_server(port, addr=addr)
+        try:
+            start_http_server(port, addr=addr)
+        except OSError as exc:  # in use, or not an address of this host
+            raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc

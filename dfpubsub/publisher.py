@@ -52,6 +52,9 @@ _BATCH_FROM = 30
 #: a server (Redis' XADD) or for room (etcd's group commit) would otherwise hold the rate
 #: under ``_BATCH_FROM`` by its own slowness and never batch.
 _SENDING = _WINDOW / 2
+#: The longest wait before the background thread restarts after an unexpected error (seconds).
+_RESTART_MAX = 5.0
+
 
 @dataclass(slots=True)
 class PublisherOptions:
@@ -357,6 +360,24 @@ class Publisher:
         return max(self._last_hello, quietest) + self.options.max_idle_time
 
     def _run(self) -> None:
+        """The background thread. An unexpected error (a transport's bug, a foreign value it
+        chokes on) is logged and counted, and the loop starts again after a backoff: a
+        publisher whose thread died would never flush or say hello again, silently."""
+        backoff = _WELCOME_POLL
+        while not self._closed:
+            started = time.monotonic()
+            try:
+                self._loop()
+            except Exception:
+                self.stats.inc("background_errors")
+                log.exception("publisher background thread failed; restarting it", extra={"publisher": self.name})
+                if time.monotonic() - started > _RESTART_MAX:
+                    backoff = _WELCOME_POLL  # it ran a while: a fresh failure, not a loop of them
+                with self._lock:
+                    self._cond.wait(backoff)
+                backoff = min(backoff * 2, _RESTART_MAX)
+
+    def _loop(self) -> None:
         max_idle = self.options.max_idle_time
         with self._lock:
             while not self._closed:

@@ -1,16 +1,21 @@
 """Coalescing and rate-limiting of resync requests.
 
 Gaps tend to come in storms (a stalled subscriber loses thousands of messages
-on every topic at once). Requests for a topic that is already pending merge
-into one; runs are spaced by an interval that doubles, with jitter, while
-requests keep coming back to back, and falls back to the base interval after
-a quiet period. A failed run keeps its topics pending and backs off too.
+on every topic at once), and a flapping peer or a hostile one can keep asking
+forever. Requests for a topic that is already pending merge into one. A
+request that arrives while a run is under way, or before the spacing after
+the last run has passed, is *back to back*: it doubles the spacing (once per
+run), with jitter, up to ``max_interval``. The first request after a quiet
+spell of ``max_interval`` starts again from the base interval. A failed run
+keeps its topics pending and backs off too.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import time
+from collections.abc import Callable, Iterable
 
 __all__ = ["ResyncScheduler"]
 
@@ -19,23 +24,41 @@ class ResyncScheduler:
     """Thread-safe set of topics waiting for a resync, and when the next run may start.
 
     ``base_interval`` is the least time between two runs; ``max_interval``
-    caps the backoff. Times are ``time.monotonic()`` values passed in.
+    caps the backoff and is the quiet spell after which it resets. Times are
+    ``clock()`` values (``time.monotonic`` unless a test hands in its own).
     """
 
-    def __init__(self, base_interval: float = 0.1, max_interval: float = 5.0, rng: random.Random | None = None):
+    def __init__(self, base_interval: float = 0.1, max_interval: float = 5.0, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.base_interval = base_interval
         self.max_interval = max_interval
         self._rng = rng or random.Random()
+        self._clock = clock
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._interval = base_interval
         self._not_before = float("-inf")
         self._last_end = float("-inf")
+        self._running = False
+        self._widened = False  # this run's spacing was already doubled
 
-    def request(self, topics: set[str] | list[str] | tuple[str, ...]) -> None:
+    @property
+    def interval(self) -> float:
+        """The current spacing between runs (the jitter draws within its upper half)."""
+        with self._lock:
+            return self._interval
+
+    def request(self, topics: Iterable[str]) -> None:
         """Ask for a resync of ``topics``; merges with what is pending."""
+        now = self._clock()
         with self._lock:
             self._pending.update(topics)
+            if self._running or now < self._last_end + self._interval:
+                self._widen()
+                if not self._running:
+                    self._not_before = self._last_end + self._jitter()
+            elif now - self._last_end > self.max_interval:
+                self._interval = self.base_interval
 
     def pending(self) -> set[str]:
         """Topics waiting for a resync."""
@@ -52,19 +75,26 @@ class ResyncScheduler:
         with self._lock:
             if not self._pending or now < self._not_before:
                 return set()
-            if now - self._last_end > self.max_interval:
-                self._interval = self.base_interval
             topics, self._pending = self._pending, set()
+            self._running = True
+            self._widened = False
             return topics
 
     def done(self, topics: set[str], ok: bool, now: float) -> None:
         """Record the end of a run; on failure ``topics`` wait for the next one."""
         with self._lock:
+            self._running = False
             if not ok:
                 self._pending.update(topics)
-            if self._pending or not ok:
-                # Back to back (or failing): widen the spacing.
-                self._interval = min(self._interval * 2, self.max_interval)
-            half = self._interval / 2
-            self._not_before = now + half + self._rng.uniform(0, half)
+                self._widen()
+            self._not_before = now + self._jitter()
             self._last_end = now
+
+    def _widen(self) -> None:
+        if not self._widened:
+            self._interval = min(self._interval * 2, self.max_interval)
+            self._widened = True
+
+    def _jitter(self) -> float:
+        half = self._interval / 2
+        return half + self._rng.uniform(0, half)

@@ -41,6 +41,14 @@ def connect_sqlite(path: str, schema: str, what: str, *, timeout: float = 5.0,
     return conn
 
 
+def _text(raw: bytes) -> str | bytes:
+    """TEXT as str, or as bytes when it is not UTF-8."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw
+
+
 class SqliteDb:
     """This process's connection to ``path`` (``what`` names it in errors), opened now.
 
@@ -83,7 +91,19 @@ class SqliteDb:
         """
         with self._lock:
             try:
-                return self._connection().execute(sql, args).fetchall()
+                conn = self._connection()
+                try:
+                    return conn.execute(sql, args).fetchall()
+                except sqlite3.OperationalError as exc:
+                    if "decode" not in str(exc):
+                        raise
+                # Another writer stored text that is not UTF-8: read it again, handing such text
+                # over as bytes for the caller to skip (foreign records, dfpubsub/foreign.py).
+                conn.text_factory = _text
+                try:
+                    return conn.execute(sql, args).fetchall()
+                finally:
+                    conn.text_factory = str
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"SQLite {self.what} {self.path}: {doing} failed: {exc}") from exc
 

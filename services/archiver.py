@@ -11,7 +11,6 @@ and in the ``gaps`` counter. SIGTERM publishes what is buffered and exits;
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import socket
@@ -21,6 +20,7 @@ import time
 
 from dfpubsub.archive import SegmentWriter
 from dfpubsub.config import Settings, add_config_arguments, settings_from_args
+from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import Event
@@ -82,9 +82,10 @@ class Archiver:
         return True
 
 
+@console_main("df-archiver")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-archiver``."""
-    parser = argparse.ArgumentParser(prog="df-archiver", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="df-archiver", description=__doc__.split("\n")[0])
     add_config_arguments(parser, ("pubsub", "archive", "store", "discovery", "log", "metrics"))
     args = parser.parse_args(argv)
     try:

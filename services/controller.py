@@ -17,6 +17,7 @@ import logging
 import socket
 import sys
 
+from dfpubsub.console import console_main
 from dfpubsub.config import parse_settings
 from dfpubsub.controller import Controller, ControllerOptions
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
@@ -48,6 +49,7 @@ class LoggingReconciler:
         log.info("delete", extra={"table": key.table, "key": key.key, "version": last.version if last else None})
 
 
+@console_main("df-controller")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-controller``."""
     settings = parse_settings("df-controller", __doc__.split("\n")[0], argv,

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 
+from dfpubsub.console import console_main
 from dfpubsub.config import parse_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.factory import create_subscriber
@@ -41,6 +42,7 @@ async def _run(worker: DeliveryWorker) -> None:
     await worker.run(stop)
 
 
+@console_main("df-notify")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-notify``."""
     settings = parse_settings("df-notify", __doc__.split("\n")[0], argv, ("notify", "store", "pubsub", "log", "metrics"))

@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 
+from dfpubsub.console import console_main
 from dfpubsub.config import parse_settings
 from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
@@ -33,6 +34,7 @@ from dfpubsub.relay import Relay, RelayOptions
 log = logging.getLogger("df-publisher-service")
 
 
+@console_main("df-publisher-service")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-publisher-service``."""
     settings = parse_settings("df-publisher-service", __doc__.split("\n")[0], argv,

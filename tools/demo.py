@@ -24,7 +24,6 @@ ZeroMQ over loopback TCP.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from dfpubsub import __version__
 from dfpubsub.cache import Change
+from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.controller import Controller
 from dfpubsub.events import VersionedObject
 from dfpubsub.faults import LossyTransport, drop_nth
@@ -162,9 +162,10 @@ def run(n_writes: int, workdir: Path) -> int:
     return 0 if ok else 1
 
 
+@console_main("df-demo")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-demo``."""
-    parser = argparse.ArgumentParser(prog="df-demo", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="df-demo", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--writes", type=int, default=30, help="number of store writes to publish")
     parser.add_argument("--keep", metavar="DIR",

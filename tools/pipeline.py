@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import Any
 
 from dfpubsub import __version__
+from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.config import add_config_arguments, settings_from_args
-from dfpubsub.errors import DfPubSubError, PipelineError
+from dfpubsub.errors import PipelineError
 from dfpubsub.logs import setup_logging
-
-log = logging.getLogger("df-pipeline")
 
 __all__ = ["main"]
 
@@ -40,7 +38,7 @@ def _compaction_options(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="df-pipeline", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="df-pipeline", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting (repeatable)")
@@ -130,6 +128,7 @@ def _bootstrap(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+@console_main("df-pipeline")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-pipeline``."""
     args = _parser().parse_args(argv)
@@ -139,10 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"df-pipeline: {exc}", file=sys.stderr)
         return 2
-    except DfPubSubError as exc:
-        log.error("failed", extra={"command": args.command, "error": str(exc)})
-        print(f"df-pipeline: {exc}", file=sys.stderr)
-        return 1
     print(json.dumps(result, sort_keys=True))
     return 0 if result.get("verified", True) else 1
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from .. import foreign
 from ..errors import ClosedError, ConfigError, StoreError
 from ..logs import RateLimitedLog
 
@@ -264,14 +265,13 @@ class Discovery(abc.ABC):
     _trouble = RateLimitedLog(log)
 
     def _parse_row(self, publisher_id: str, blob: bytes | str, lease_left: float | None) -> PublisherRecord | None:
-        """The record in a row keyed ``publisher_id``; None (and a warning) if it is not one."""
+        """The record in a row keyed ``publisher_id``; None (skipped: dfpubsub.foreign) if it is not one."""
         try:
             record = PublisherRecord.from_json(blob, lease_left)
             if record.publisher_id != publisher_id:
                 raise ValueError(f"the record's publisher_id is {record.publisher_id!r}")
         except ValueError as exc:
-            self._trouble.warning(f"bad-row-{self.backend}", "ignored a discovery row that is not a publisher record",
-                                  backend=self.backend, row=publisher_id, error=str(exc))
+            foreign.skip("discovery_row", f"{self.backend} discovery row {publisher_id}", "bad_value", str(exc))
             return None
         return record
 

@@ -51,8 +51,12 @@ _LIST = """
 local out = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local key = ARGV[1] .. id
-  local value = redis.call('GET', key)
-  if value then
+  local value = redis.pcall('GET', key)
+  if type(value) == 'table' and value.err then  -- another type: the caller skips it as foreign
+    out[#out + 1] = id
+    out[#out + 1] = ''
+    out[#out + 1] = -1
+  elseif value then
     out[#out + 1] = id
     out[#out + 1] = value
     out[#out + 1] = redis.call('PTTL', key)

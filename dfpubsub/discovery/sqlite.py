@@ -19,6 +19,7 @@ import sqlite3
 import time
 from typing import Any
 
+from .. import foreign
 from ..sqlite_client import SqliteDb
 from .api import Discovery, PublisherRecord
 
@@ -81,6 +82,10 @@ class SqliteDiscovery(Discovery):
         out: dict[str, PublisherRecord] = {}
         expired: list[str] = []
         for publisher_id, blob, expires_at in rows:
+            if not isinstance(expires_at, (int, float)) or not isinstance(publisher_id, str):
+                foreign.skip("discovery_row", f"sqlite discovery row {publisher_id!r}", "wrong_type",
+                             "expires_at is not a number or publisher_id not text")
+                continue
             if expires_at <= now:
                 expired.append(publisher_id)
                 continue

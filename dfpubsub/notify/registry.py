@@ -19,8 +19,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
+from .. import foreign
 from ..errors import AlreadyExists, InvalidValue, QueueNotFound, TopicNotFound
 from ..queues import QueueStats, QueueStore
 from ..queues.sharding import shard_names
@@ -31,6 +32,7 @@ __all__ = ["NotificationRegistry", "TopicStats", "Match", "DEFAULT_SHARDS"]
 #: Ceph's rgw_bucket_persistent_notif_num_shards.
 DEFAULT_SHARDS = 11
 _TOPIC, _CONFIG = "topic", "notification_config"
+T = TypeVar("T")
 
 
 class TopicStats(NamedTuple):
@@ -104,8 +106,8 @@ class NotificationRegistry:
         return topic
 
     def list_topics(self) -> list[Topic]:
-        """Every topic, by name."""
-        return [Topic.from_json(blob) for _, blob in sorted(self.queues.list_records(_TOPIC).items())]
+        """Every topic, by name; a record that is not a topic is skipped (dfpubsub.foreign)."""
+        return self._records(_TOPIC, Topic.from_json)
 
     def set_topic(self, topic: Topic) -> Topic:
         """Change an existing topic's attributes; the topic as stored.
@@ -185,9 +187,18 @@ class NotificationRegistry:
 
     def get_configurations(self, source: str | None = None) -> list[NotificationConfig]:
         """The configurations of ``source`` (all if None), by source and id."""
-        records = self.queues.list_records(_CONFIG)
-        configs = [NotificationConfig.from_json(blob) for _, blob in sorted(records.items())]
+        configs = self._records(_CONFIG, NotificationConfig.from_json)
         return [c for c in configs if source is None or c.source == source]
+
+    def _records(self, kind: str, decode: Callable[[bytes], T]) -> list[T]:
+        """The records of ``kind`` by name, decoded; one that does not decode is skipped and counted,
+        so a foreign record never stops the writes and deliveries of the others."""
+        out = []
+        for name, blob in sorted(self.queues.list_records(kind).items()):
+            record = foreign.decode(f"notify_{kind}", self.queues.record_key(kind, name), decode, blob)
+            if record is not None:
+                out.append(record)
+        return out
 
     def delete_configuration(self, source: str, config_id: str | None = None) -> int:
         """Delete one configuration of ``source``, or all of them if ``config_id`` is None; how many."""

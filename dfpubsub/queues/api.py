@@ -370,6 +370,10 @@ class QueueStore(abc.ABC):
         """Every record of ``kind``, by name."""
         return self._list_records(check_name(kind, "record kind"))
 
+    def record_key(self, kind: str, name: str) -> str:
+        """Where record ``name`` of ``kind`` lives in the backend, as an operator would look it up."""
+        return f"q_records[kind={kind}, name={name}]"
+
     def delete_record(self, kind: str, name: str) -> bool:
         """Delete a record; False if there was none."""
         check_name(kind, "record kind")

@@ -40,9 +40,11 @@ import msgpack
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from .. import foreign
 from ..errors import QueueError, QueueFull, QueueNotFound, ReservationNotFound
 from ..store.etcd import EtcdStore, _txn
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names
 
 __all__ = ["EtcdQueues"]
 
@@ -61,6 +63,28 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(blob: bytes) -> Any:
     return msgpack.unpackb(blob, raw=False)
+
+
+def _state(blob: bytes) -> State:
+    """A queue's state as stored; a decoding error for anything else (see readback.queue_meta)."""
+    state = _unpack(blob)
+    if (not isinstance(state, list) or len(state) != _RES + 1 or not isinstance(state[_RES], dict)
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in state[:_RES])):
+        raise TypeError("a queue state is [max_bytes, max_entries, stale_after, created_at, seq, entries, "
+                        "bytes, {reservations}]")
+    return state
+
+
+def _lease(kv: Any) -> tuple[str, float] | None:
+    """(owner, until) of a lease key; None (skipped, counted) when it is not one."""
+    return foreign.decode("queue_lease", kv.key, _owner_until, kv.value)
+
+
+def _owner_until(blob: bytes) -> tuple[str, float]:
+    owner, until = _unpack(blob)
+    if not isinstance(owner, str) or isinstance(until, bool) or not isinstance(until, (int, float)):
+        raise TypeError("a lease is [owner, until]")
+    return owner, float(until)
 
 
 def _mod_is(key: bytes, revision: int) -> rpc.Compare:
@@ -127,7 +151,7 @@ class EtcdQueues(QueueStore):
         if not kvs:
             self._forget(name)
             raise QueueNotFound(f"no queue {name!r}")
-        cached = (kvs[0].mod_revision, _unpack(kvs[0].value))
+        cached = (kvs[0].mod_revision, queue_meta(kvs[0].key, _state, kvs[0].value))
         self._remember(name, *cached)
         return cached, [r.response_range for r in resp.responses[1:]]
 
@@ -197,7 +221,7 @@ class EtcdQueues(QueueStore):
         resp = self._send([], [rpc.RangeRequest(key=self._states, range_end=prefix_range_end(self._states),
                                                 keys_only=True)])
         skip = len(self._states)
-        return [kv.key[skip:].decode() for kv in resp.responses[0].response_range.kvs]
+        return queue_names((kv.key[skip:], kv.key) for kv in resp.responses[0].response_range.kvs)
 
     def _queue_info(self, name: str) -> QueueInfo:
         (_, s), _ = self._read(name)
@@ -276,7 +300,13 @@ class EtcdQueues(QueueStore):
         _, (page,) = self._read(name, rpc.RangeRequest(key=prefix + marker(after + 1).encode(),
                                                        range_end=prefix_range_end(prefix), limit=max + 1))
         skip, unpack_at = len(prefix), _AT.unpack_from
-        out = [QueueEntry(kv.key[skip:].decode(), kv.value[8:], unpack_at(kv.value)[0]) for kv in page.kvs[:max]]
+        out = []
+        for kv in page.kvs[:max]:
+            mk = kv.key[skip:].decode("ascii", "replace")
+            try:  # free unless it raises
+                out.append(QueueEntry(mk, kv.value[8:], unpack_at(kv.value)[0]))
+            except foreign.DECODE_ERRORS as exc:
+                out.append(foreign_entry(mk, kv.key, exc))
         return out, len(page.kvs) > max
 
     def _remove(self, name: str, up_to: int) -> int:
@@ -349,17 +379,16 @@ class EtcdQueues(QueueStore):
 
     @staticmethod
     def _holder(lease: Any, now: float) -> tuple[str, float] | None:
-        if not lease.kvs:
-            return None
-        owner, until = _unpack(lease.kvs[0].value)
-        return None if until < now else (owner, until)
+        held = _lease(lease.kvs[0]) if lease.kvs else None
+        return None if held is None or held[1] < now else held
 
     def _lock(self, name: str, owner: str, now: float, until: float) -> bool:
         key = self._locks + name.encode()
         while True:
             _, (lease,) = self._read(name, rpc.RangeRequest(key=key))
             if lease.kvs:
-                holder, held_until = _unpack(lease.kvs[0].value)
+                # A foreign lease (counted) holds nothing: it is taken over, and so repaired.
+                holder, held_until = _lease(lease.kvs[0]) or (owner, now)
                 if holder != owner and held_until >= now:
                     return False
                 guard = _mod_is(key, lease.kvs[0].mod_revision)
@@ -374,7 +403,7 @@ class EtcdQueues(QueueStore):
         key = self._locks + name.encode()
         resp = self._send([], [rpc.RangeRequest(key=key)])
         kvs = resp.responses[0].response_range.kvs
-        if not kvs or _unpack(kvs[0].value)[0] != owner:
+        if not kvs or (_lease(kvs[0]) or ("",))[0] != owner:
             return False
         return self._send([_mod_is(key, kvs[0].mod_revision)], [rpc.DeleteRangeRequest(key=key)]).succeeded
 
@@ -402,9 +431,10 @@ class EtcdQueues(QueueStore):
         resp = self._send([], [rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix), limit=max)])
         out = []
         for kv in resp.responses[0].response_range.kvs:
-            queue, _, mk = kv.key[len(self._dead):].decode().rpartition("/")
-            data, reason, at = _unpack(kv.value)
-            out.append(DeadLetter(queue, mk, data, reason, at))
+            queue, _, mk = kv.key[len(self._dead):].rpartition(b"/")
+            letter = foreign.decode("queue_dead_letter", kv.key, dead_letter, queue, mk, kv.value)
+            if letter is not None:
+                out.append(letter)
         return out
 
     def _purge_dead_letters(self, name: str | None) -> int:
@@ -424,10 +454,15 @@ class EtcdQueues(QueueStore):
         kvs = self._send([], [rpc.RangeRequest(key=self._record_key(kind, name))]).responses[0].response_range.kvs
         return kvs[0].value if kvs else None
 
+    def record_key(self, kind: str, name: str) -> str:
+        """See :meth:`QueueStore.record_key`."""
+        return self._record_key(kind, name).decode()
+
     def _list_records(self, kind: str) -> dict[str, bytes]:
         prefix = self._record_key(kind, "")
         resp = self._send([], [rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix))])
-        return {kv.key[len(prefix):].decode(): kv.value for kv in resp.responses[0].response_range.kvs}
+        kvs = resp.responses[0].response_range.kvs
+        return named_records(kind, ((kv.key[len(prefix):], kv.value, kv.key) for kv in kvs))
 
     def _delete_record(self, kind: str, name: str) -> bool:
         resp = self._send([], [rpc.DeleteRangeRequest(key=self._record_key(kind, name))])

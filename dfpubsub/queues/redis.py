@@ -26,19 +26,25 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgpack
 import redis
 from redis.commands.core import Script
 
-from ..errors import ConfigError, QueueFull, QueueNotFound, ReservationNotFound
+from .. import foreign
+from ..errors import ConfigError, ForeignRecord, QueueFull, QueueNotFound, ReservationNotFound
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names
 
 __all__ = ["RedisQueues"]
 
+T = TypeVar("T")
+
+#: Past any lease's expiry (Unix seconds): a larger one, or nan or inf, is another writer's.
+_MAX_UNTIL = 1e12
 _MISSING, _FULL = -1, -2  # script status codes; -3: unknown or expired reservation
 
 # int(): integers as Redis wants them. sweep(): drops the expired reservations at now.
@@ -48,7 +54,7 @@ local function sweep(meta, res, now)
   local gone = redis.call('ZRANGEBYSCORE', res, '-inf', '(' .. now)
   if #gone == 0 then return 0 end
   local freed = 0
-  for i = 1, #gone do freed = freed + tonumber(string.match(gone[i], '^%d+')) end
+  for i = 1, #gone do freed = freed + (tonumber(string.match(gone[i], '^%d+')) or 0) end
   redis.call('ZREMRANGEBYSCORE', res, '-inf', '(' .. now)
   redis.call('HINCRBY', meta, 'reserved_bytes', int(-freed))
   return freed
@@ -131,7 +137,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local gone = redis.call('XRANGE', KEYS[2], '-', ARGV[1])
 if #gone == 0 then return 0 end
 local freed = 0
-for i = 1, #gone do freed = freed + string.len(gone[i][2][4]) end
+for i = 1, #gone do freed = freed + string.len(gone[i][2][4] or '') end  -- a foreign entry has no data
 redis.call('XTRIM', KEYS[2], 'MINID', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'bytes', int(-freed))
 return #gone
@@ -185,10 +191,13 @@ return redis.call('SREM', KEYS[1], ARGV[1])
 _LOCK = """
 local cur = redis.call('HMGET', KEYS[1], 'max_bytes', 'owner', 'owner_until')
 if not cur[1] then return -1 end
-if cur[2] and cur[2] ~= ARGV[1] and tonumber(cur[3]) >= tonumber(ARGV[2]) then return 0 end
+-- A lease whose expiry is not a time (another writer's: text, nan, inf) holds nothing: it is taken over.
+local held = tonumber(cur[3]) or 0
+if held ~= held or held > {max_until} then held = 0 end
+if cur[2] and cur[2] ~= ARGV[1] and held >= tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'owner_until', ARGV[3])
 return 1
-"""
+""".replace("{max_until}", repr(_MAX_UNTIL))
 
 # KEYS: meta. ARGV: owner.
 _UNLOCK = """
@@ -214,32 +223,62 @@ return n
 # entry i: KEYS[KB + 3i - 2 .. KB + 3i] its queue's meta, reservations and entries; ARGV[AB + 1]
 # now, ARGV[AB + 1 + i] its body. The room an entry needs counts the widest version prefix. The
 # check reads each queue once (two entries may share one) and the append goes on from what it read.
+# A Redis script is not rolled back when a call fails, so the check first proves that nothing the
+# append will touch is foreign (outbox_read answers the culprit key's index and why): the store
+# write and its appends then either all run or none does. Only sweeping a valid queue's expired
+# reservations may have happened when a later queue turns out foreign, and that changes nothing
+# anyone can see.
 _OUTBOX = _LIB + """
 local OB_N, ob = (#KEYS - KB) / 3, {}
+local function count(x) return x and string.len(x) <= 15 and string.match(x, '^%d+$') ~= nil end
+-- The queue at KEYS[k + 1 .. k + 3], read once: nil when it does not exist, false plus the culprit
+-- key's index and why when something there is foreign, else its state for the check and the append.
+local function outbox_read(k, now)
+  local meta, res = KEYS[k + 1], KEYS[k + 2]
+  local m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
+  if m.err then return false, k + 1, 'queue metadata is not a hash' end
+  if not m[1] then return nil end
+  for j = 1, 5 do
+    if not count(m[j]) then return false, k + 1, 'queue metadata has a field that is not a count' end
+  end
+  local len, last = 0, 0
+  local info = redis.pcall('XINFO', 'STREAM', KEYS[k + 3])
+  if info.err then
+    if not string.find(info.err, 'no such key') then return false, k + 3, 'queue entries are not a stream' end
+  else
+    for j = 1, #info, 2 do
+      if info[j] == 'length' then len = info[j + 1] end
+      if info[j] == 'last-generated-id' then last = tonumber(string.match(info[j + 1], '^(%d+)')) end
+    end
+  end
+  if last > tonumber(m[5]) then return false, k + 3, 'queue entries hold an id past the queue sequence ' .. m[5] end
+  local held, reserved = 0, tonumber(m[4])
+  if reserved > 0 then  -- else there are no reservations to count or sweep
+    local t = redis.call('TYPE', res)['ok']
+    if t ~= 'zset' and t ~= 'none' then return false, k + 2, 'queue reservations are a ' .. t .. ', not a sorted set' end
+    reserved = reserved - sweep(meta, res, now)
+    held = redis.call('ZCARD', res)
+  end
+  return {max_bytes = tonumber(m[1]), max_entries = tonumber(m[2]), used = tonumber(m[3]) + reserved,
+          count = len + held, bytes = tonumber(m[3]), seq = tonumber(m[5])}
+end
 local function outbox_check()
   local now = ARGV[AB + 1]
   for i = 1, OB_N do
     local k = KB + 3 * (i - 1)
-    local meta, res = KEYS[k + 1], KEYS[k + 2]
+    local meta = KEYS[k + 1]
     local q = ob[meta]
     if q == nil then
-      q = false
-      local m = redis.call('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
-      if m[1] then
-        local held, reserved = 0, tonumber(m[4])
-        if reserved > 0 then  -- else there are no reservations to count or sweep
-          reserved = reserved - sweep(meta, res, now)
-          held = redis.call('ZCARD', res)
-        end
-        q = {max_bytes = tonumber(m[1]), max_entries = tonumber(m[2]), used = tonumber(m[3]) + reserved,
-             count = redis.call('XLEN', KEYS[k + 3]) + held, bytes = tonumber(m[3]), seq = tonumber(m[5])}
-      end
-      ob[meta] = q
+      local culprit, why
+      q, culprit, why = outbox_read(k, now)
+      if q == false then return {5, culprit, why} end
+      ob[meta] = q or false
+      q = ob[meta]
     end
     if q then
       q.used = q.used + {prefix} + string.len(ARGV[AB + 1 + i])
       q.count = q.count + 1
-      if q.used > q.max_bytes or q.count > q.max_entries then return i end
+      if q.used > q.max_bytes or q.count > q.max_entries then return {4, i} end
     end
   end
   return nil
@@ -297,6 +336,28 @@ class _Outbox(RedisOutbox):
         return [repr(self._now), *(body for _, body in self.entries)]
 
 
+def _stats_of(row: list[Any], now: float, meta: str) -> QueueStats:
+    entries, used, n, reserved, max_bytes, max_entries, owner, until = row
+    lease = _lease(owner, until, now, meta)
+    return QueueStats(entries, int(used), n, int(reserved), int(max_bytes), int(max_entries),
+                      lease[0] if lease else None, lease[1] if lease else None)
+
+
+def _lease(owner: bytes | None, until: bytes | None, now: float, meta: str) -> tuple[str, float] | None:
+    """The live lease of a queue's metadata fields; a foreign one (counted) holds nothing."""
+    if owner is None:
+        return None
+    held = foreign.decode("queue_lease", meta, _owner_until, owner, until)
+    return None if held is None or held[1] < now else held
+
+
+def _owner_until(owner: bytes, until: bytes | None) -> tuple[str, float]:
+    expires = float(until)  # type: ignore[arg-type]  # None raises TypeError: foreign
+    if not 0 <= expires <= _MAX_UNTIL:  # nan and inf included
+        raise ValueError(f"lease expiry {until!r} is not a time")
+    return owner.decode(), expires
+
+
 class RedisQueues(QueueStore):
     """``redis://host:port/db``; keys live under ``{prefix}:q:``."""
 
@@ -334,6 +395,21 @@ class RedisQueues(QueueStore):
         with self._errors(what):
             return c.scripts[script](keys=keys, args=args)
 
+    def _read_meta(self, name: str, what: str, read: Callable[[_Client], Any], decode: Callable[[Any], T]) -> T:
+        """``decode(read(client))`` of queue ``name``'s metadata; ForeignRecord (counted) when
+        a key of the queue has the wrong Redis type or its fields do not decode."""
+        meta = self._keys(name, "m")[0]
+        c = self._client.get()
+        with self._errors(what):
+            try:
+                row = read(c)
+            except redis.ResponseError as exc:
+                if "WRONGTYPE" not in str(exc):
+                    raise
+                foreign.skip("queue_meta", meta, "wrong_type", str(exc))
+                raise ForeignRecord(meta, "a key of the queue has the wrong Redis type") from exc
+        return queue_meta(meta, decode, row)
+
     def _keys(self, name: str, *kinds: str) -> list[str]:
         return [f"{self._ns}{kind}:{name}" for kind in kinds]
 
@@ -350,17 +426,20 @@ class RedisQueues(QueueStore):
     def _list_queues(self) -> list[str]:
         c = self._client.get()
         with self._errors("list queues"):
-            names = c.r.smembers(self._registry)
-        return sorted(n.decode() for n in names)  # type: ignore[union-attr]
+            try:
+                names = cast("set[bytes]", c.r.smembers(self._registry))
+            except redis.ResponseError as exc:  # the registry is not a set: no queue can be found
+                foreign.skip("queue_name", self._registry, "wrong_type", str(exc))
+                return []
+        return queue_names((n, f"{self._registry} member {n!r}") for n in names)
 
     def _queue_info(self, name: str) -> QueueInfo:
-        c = self._client.get()
-        with self._errors(f"info {name}"):
-            row = c.r.hmget(self._keys(name, "m")[0], ["max_bytes", "max_entries", "stale_after", "created_at"])
-        if row[0] is None:  # type: ignore[index]
+        row = self._read_meta(name, f"info {name}", lambda c: c.r.hmget(
+            self._keys(name, "m")[0], ["max_bytes", "max_entries", "stale_after", "created_at"]), list)
+        if row[0] is None:
             raise QueueNotFound(f"no queue {name!r}")
-        mb, me, st, ca = row  # type: ignore[misc]
-        return QueueInfo(name, int(mb), int(me), float(st), float(ca))
+        return queue_meta(self._keys(name, "m")[0], lambda mb, me, st, ca: QueueInfo(
+            name, int(mb), int(me), float(st), float(ca)), *row)
 
     # -- writers ----------------------------------------------------------------------------
 
@@ -414,9 +493,14 @@ class RedisQueues(QueueStore):
         if rows == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
         out = []
+        key = self._keys(name, "e")[0]
         for sid, fields in rows[:max]:
             # fields: [b"t", enqueued_at, b"d", data]
-            out.append(QueueEntry(marker(int(sid[:sid.index(b"-")])), fields[3], float(fields[1])))
+            mk = marker(int(sid[:sid.index(b"-")]))
+            try:  # free unless it raises
+                out.append(QueueEntry(mk, fields[3], float(fields[1])))
+            except foreign.DECODE_ERRORS as exc:
+                out.append(foreign_entry(mk, f"{key} id {sid.decode()}", exc))
         return out, len(rows) > max
 
     def _remove(self, name: str, up_to: int) -> int:
@@ -441,13 +525,12 @@ class RedisQueues(QueueStore):
         return self._remove_ids(name, "set aside", args)
 
     def _stats(self, name: str, now: float) -> QueueStats:
-        row = self._run("stats", f"stats of {name}", self._keys(name, "m", "r", "e"), [repr(now)])
+        keys = self._keys(name, "m", "r", "e")
+        row = self._read_meta(name, f"stats of {name}", lambda c: c.scripts["stats"](keys=keys, args=[repr(now)]),
+                              lambda row: row)
         if row == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
-        entries, used, n, reserved, max_bytes, max_entries, owner, until = row
-        lease = owner is not None and float(until) >= now
-        return QueueStats(entries, int(used), n, int(reserved), int(max_bytes), int(max_entries),
-                          owner.decode() if lease else None, float(until) if lease else None)
+        return queue_meta(keys[0], _stats_of, row, now, keys[0])
 
     # -- leases -----------------------------------------------------------------------------------
 
@@ -461,13 +544,12 @@ class RedisQueues(QueueStore):
         return bool(self._run("unlock", f"unlock {name}", self._keys(name, "m"), [owner]))
 
     def _owner(self, name: str, now: float) -> tuple[str, float] | None:
-        c = self._client.get()
-        with self._errors(f"owner of {name}"):
-            row = c.r.hmget(self._keys(name, "m")[0], ["max_bytes", "owner", "owner_until"])
-        if row[0] is None:  # type: ignore[index]
+        meta = self._keys(name, "m")[0]
+        row = self._read_meta(name, f"owner of {name}",
+                              lambda c: c.r.hmget(meta, ["max_bytes", "owner", "owner_until"]), list)
+        if row[0] is None:
             raise QueueNotFound(f"no queue {name!r}")
-        _, owner, until = row  # type: ignore[misc]
-        return None if owner is None or float(until) < now else (owner.decode(), float(until))
+        return _lease(row[1], row[2], now, meta)
 
     # -- dead letters ---------------------------------------------------------------------------
 
@@ -482,11 +564,18 @@ class RedisQueues(QueueStore):
         c = self._client.get()
         out: list[DeadLetter] = []
         for queue in self._list_queues() if name is None else [name]:
+            key = self._keys(queue, "d")[0]
             with self._errors(f"dead letters of {queue}"):
-                rows = c.r.hgetall(self._keys(queue, "d")[0])
-            for mk in sorted(rows):  # type: ignore[arg-type]
-                data, reason, at = msgpack.unpackb(rows[mk])  # type: ignore[index]
-                out.append(DeadLetter(queue, mk.decode(), data, reason, at))
+                try:
+                    rows = cast("dict[bytes, bytes]", c.r.hgetall(key))
+                except redis.ResponseError as exc:
+                    foreign.skip("queue_dead_letter", key, "wrong_type", str(exc))
+                    continue
+            for mk in sorted(rows):
+                letter = foreign.decode("queue_dead_letter", f"{key} field {foreign.key_text(mk)}", dead_letter,
+                                        queue, mk, rows[mk])
+                if letter is not None:
+                    out.append(letter)
                 if len(out) == max:
                     return out
         return out
@@ -508,9 +597,20 @@ class RedisQueues(QueueStore):
     def _get_record(self, kind: str, name: str) -> bytes | None:
         return self._record_op(f"get {kind}/{name}", lambda r, h: r.hget(h, name), kind)
 
+    def record_key(self, kind: str, name: str) -> str:
+        """See :meth:`QueueStore.record_key`."""
+        return f"{self._ns}rec:{kind} field {name}"
+
     def _list_records(self, kind: str) -> dict[str, bytes]:
-        rows = self._record_op(f"list {kind}", lambda r, h: r.hgetall(h), kind)
-        return {k.decode(): v for k, v in sorted(rows.items())}
+        def read(r: redis.Redis, h: str) -> dict[bytes, bytes]:
+            try:
+                return cast("dict[bytes, bytes]", r.hgetall(h))
+            except redis.ResponseError as exc:  # the hash of records is another type: there are none
+                foreign.skip(f"notify_{kind}", h, "wrong_type", str(exc))
+                return {}
+
+        rows = self._record_op(f"list {kind}", read, kind)
+        return named_records(kind, ((k, v, self.record_key(kind, foreign.key_text(k))) for k, v in rows.items()))
 
     def _delete_record(self, kind: str, name: str) -> bool:
         return bool(self._record_op(f"delete {kind}/{name}", lambda r, h: r.hdel(h, name), kind))

@@ -46,6 +46,7 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from .. import foreign
 from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
 from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints, status_code
 from ..events import VersionedObject
@@ -115,6 +116,22 @@ def _exists(key: bytes, expected: int | None = None) -> list[rpc.Compare]:
 def _topic_of(kvs: Any, table: str) -> str:
     """The topic in a read (or deleted) topic key: the table's name if there is none."""
     return kvs[0].value.decode() if kvs else table
+
+
+def _written_topic(kvs: Any, table: str) -> str:
+    """The topic of an object a write has changed: the write stands, so a foreign topic key
+    is skipped (counted, named) and the event goes out under the table's own topic."""
+    topic = foreign.decode("store_topic", kvs[0].key if kvs else b"", _topic_of, kvs, table)
+    return table if topic is None else topic
+
+
+def _object(topic_kvs: Any, table: str, key: str, kv: Any) -> VersionedObject | None:
+    """The object of a value key ``kv`` and its topic key's read, or None (skipped) if either is foreign."""
+    try:
+        return VersionedObject(_topic_of(topic_kvs, table), table, key, kv.mod_revision, decode_value(kv.value))
+    except foreign.DECODE_ERRORS as exc:
+        foreign.skip_error("store_object", kv.key, exc)
+        return None
 
 
 def _set_topic(table: str, topic_path: bytes, topic: str) -> Any:
@@ -263,8 +280,7 @@ class EtcdStore(Store):
         kvs = response.responses[0].response_range.kvs
         if not kvs:
             return None
-        topic = _topic_of(response.responses[1].response_range.kvs, table)
-        return VersionedObject(topic, table, key, kvs[0].mod_revision, decode_value(kvs[0].value))
+        return _object(response.responses[1].response_range.kvs, table, key, kvs[0])
 
     def _scan(self, kv: Any, start: bytes, revision: int, keys_only: bool = False) -> tuple[list[Any], int]:
         """Pages of the keys under ``start`` at ``revision`` (0: now), and the revision read."""
@@ -285,7 +301,7 @@ class EtcdStore(Store):
                 return pages, revision
             key = page.kvs[-1].key + b"\x00"
 
-    def _read_all(self, under: bytes, keys_only: bool) -> tuple[list[Any], dict[bytes, str], int]:
+    def _read_all(self, under: bytes, keys_only: bool) -> tuple[list[Any], dict[bytes, str | None], int]:
         """Pages of the objects under ``under``, the topics of those that have their own, and the
         revision both were read at."""
 
@@ -302,7 +318,12 @@ class EtcdStore(Store):
 
         pages, topic_pages, revision = self._call(run)
         skip = len(self._topic_root)
-        return pages, {kv.key[skip:]: kv.value.decode() for kvs in topic_pages for kv in kvs}, revision
+        named: dict[bytes, str | None] = {}
+        for kvs in topic_pages:
+            for kv in kvs:
+                # None: a topic key that is not UTF-8, whose object cannot be placed in any topic.
+                named[kv.key[skip:]] = foreign.decode("store_topic", kv.key, bytes.decode, kv.value)
+        return pages, named, revision
 
     def _listed(self, under: bytes, topics: set[str] | None,
                 keys_only: bool) -> tuple[list[tuple[str, str, str, Any]], int]:
@@ -314,11 +335,15 @@ class EtcdStore(Store):
         for kvs in pages:
             for kv in kvs:
                 name = kv.key[skip:]
-                tbl, _, key = name.decode().partition("/")
+                try:
+                    tbl, _, key = name.decode().partition("/")
+                except UnicodeDecodeError as exc:
+                    foreign.skip_error("store_object", kv.key, exc)
+                    continue
                 if tbl not in tables:
                     continue
                 topic = named.get(name, tbl) if named else tbl
-                if topics is None or topic in topics:
+                if topic is not None and (topics is None or topic in topics):
                     out.append((topic, tbl, key, kv))
         return out, revision
 
@@ -330,9 +355,15 @@ class EtcdStore(Store):
 
     @staticmethod
     def _objects(listed: list[tuple[str, str, str, Any]]) -> list[VersionedObject]:
-        new, unpack = tuple.__new__, decode_value  # tuple.__new__: see SqliteStore._objects
-        return [new(VersionedObject, (topic, tbl, key, kv.mod_revision, unpack(kv.value)))
-                for topic, tbl, key, kv in listed]
+        new, unpack = tuple.__new__, decode_value  # tuple.__new__: see dfpubsub.store.sqlite._objects
+        out: list[VersionedObject] = []
+        add = out.append
+        for topic, tbl, key, kv in listed:
+            try:  # free unless it raises
+                add(new(VersionedObject, (topic, tbl, key, kv.mod_revision, unpack(kv.value))))
+            except foreign.DECODE_ERRORS as exc:
+                foreign.skip_error("store_object", kv.key, exc)
+        return out
 
     def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
         listed, revision = self._listed(b"", topics, False)
@@ -350,9 +381,9 @@ class EtcdStore(Store):
             responses = self._commit(_txn([], reads)).responses
             for i, (table, key) in enumerate(chunk):
                 kvs = responses[2 * i].response_range.kvs
-                if kvs:
-                    topic = _topic_of(responses[2 * i + 1].response_range.kvs, table)
-                    out.append(VersionedObject(topic, table, key, kvs[0].mod_revision, decode_value(kvs[0].value)))
+                obj = _object(responses[2 * i + 1].response_range.kvs, table, key, kvs[0]) if kvs else None
+                if obj is not None:
+                    out.append(obj)
         return out
 
     # No outbox reaches these: no queue backend shares an etcd store's location (it has none).
@@ -378,7 +409,7 @@ class EtcdStore(Store):
         if not response.succeeded:
             self._refused(table, key, expected, response)
         if topic is None:
-            topic = _topic_of(response.responses[1].response_range.kvs, table)
+            topic = _written_topic(response.responses[1].response_range.kvs, table)
         return VersionedObject(topic, table, key, response.header.revision, value)
 
     def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
@@ -389,7 +420,7 @@ class EtcdStore(Store):
             [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
-        topic = _topic_of(response.responses[1].response_delete_range.prev_kvs, table)
+        topic = _written_topic(response.responses[1].response_delete_range.prev_kvs, table)
         return VersionedObject(topic, table, key, response.header.revision, None)
 
     @staticmethod

@@ -100,9 +100,10 @@ class RedisOutbox(Outbox):
 
     :attr:`LUA` defines two functions over the script's ``KEYS`` and ``ARGV``
     after the store's own (from offsets ``KB`` and ``AB``, which the store
-    defines): ``outbox_check()`` answers the 1-based index of the first entry
-    that does not fit, or nil, and runs before the write changes anything;
-    ``outbox_append(v)`` appends every entry with version ``v`` (a string)
+    defines): ``outbox_check()`` runs before the write changes anything and
+    answers nil, or the store's refusal: ``{4, i}`` when entry ``i`` does not
+    fit, ``{5, k, why}`` when ``KEYS[k]`` is a foreign record the append could
+    not write past; ``outbox_append(v)`` appends every entry with version ``v`` (a string)
     after the write succeeded, and answers how many it skipped.
     """
 

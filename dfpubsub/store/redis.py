@@ -40,7 +40,8 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from ..errors import (AlreadyExists, ConfigError, HistoryGone, NotFound, QueueFull, StoreUnavailable,
+from .. import foreign
+from ..errors import (AlreadyExists, ConfigError, ForeignRecord, HistoryGone, NotFound, QueueFull, StoreUnavailable,
                       VersionConflict, WriteOutcomeUnknown)
 from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..events import VersionedObject
@@ -53,7 +54,7 @@ __all__ = ["RedisStore"]
 #: Objects fetched per script call (one round trip) when listing.
 _CHUNK = 1000
 _FIELDS = ("topic", "version", "value")
-_MISSING, _CONFLICT, _EXISTS, _OUTBOX_FULL = 1, 2, 3, 4  # script status codes; 0 is success
+_MISSING, _CONFLICT, _EXISTS, _OUTBOX_FULL, _OUTBOX_FOREIGN = 1, 2, 3, 4, 5  # script status codes; 0 is success
 
 # Versions travel as strings: Lua numbers are doubles, exact only up to 2**53, so
 # the scripts re-read the counter after INCR rather than use INCR's number.
@@ -94,7 +95,8 @@ return {0, v, cur[1]}
 """
 
 # Read-only. KEYS: object hashes. ARGV: wanted topics (none: all). Returns flat
-# (index in KEYS, topic, version, value) for each existing, wanted object.
+# (index in KEYS, topic, version, value) for each existing, wanted object; a key that is not a
+# hash (a foreign record) answers (index, nil, nil, nil) so the caller can skip and name it.
 _FETCH = """
 local want = nil
 if #ARGV > 0 then
@@ -103,8 +105,13 @@ if #ARGV > 0 then
 end
 local out = {}
 for i, k in ipairs(KEYS) do
-  local r = redis.call('HMGET', k, 'topic', 'version', 'value')
-  if r[2] and (want == nil or want[r[1]]) then
+  local r = redis.pcall('HMGET', k, 'topic', 'version', 'value')
+  if r.err then
+    out[#out + 1] = i
+    out[#out + 1] = false
+    out[#out + 1] = false
+    out[#out + 1] = false
+  elseif r[2] and (want == nil or want[r[1]]) then
     out[#out + 1] = i
     out[#out + 1] = r[1]
     out[#out + 1] = r[2]
@@ -120,8 +127,12 @@ local want = {}
 for _, t in ipairs(ARGV) do want[t] = true end
 local out = {}
 for i, k in ipairs(KEYS) do
-  local r = redis.call('HMGET', k, 'topic', 'version')
-  if r[2] and want[r[1]] then
+  local r = redis.pcall('HMGET', k, 'topic', 'version')
+  if r.err then
+    out[#out + 1] = i
+    out[#out + 1] = false
+    out[#out + 1] = false
+  elseif r[2] and want[r[1]] then
     out[#out + 1] = i
     out[#out + 1] = r[1]
     out[#out + 1] = r[2]
@@ -132,13 +143,14 @@ return out
 
 
 # A write with an outbox (dfpubsub/store/outbox.py) runs the write's script wrapped: the
-# outbox's checks before it (a full queue answers {4, index} and nothing is written), its
+# outbox's checks before it (a full queue answers {4, index}, a foreign queue record {5, key
+# index, why}, and nothing is written), its
 # appends after it succeeded (their skipped count in the answer's 4th slot).
 _FUSED = """
 local KB, AB = {nkeys}, {nargs}
 {outbox}
-local full = outbox_check()
-if full then return {{4, full}} end
+local refused = outbox_check()
+if refused then return refused end
 local r = (function()
 {write}
 end)()
@@ -187,6 +199,42 @@ def _with_feed(script: str) -> str:
 _WRITES = {"create": (_CREATE, 3, 3), "update": (_UPDATE, 2, 3), "delete": (_DELETE, 3, 2)}
 
 
+def _decode_object(row: list[Any], table: str, key: str | bytes) -> VersionedObject:
+    topic, version, blob = row
+    if topic is None:
+        raise TypeError("the object's key is not a hash")
+    if blob is None:
+        raise KeyError("the object's hash has no value field")
+    name = key if isinstance(key, str) else key.decode()
+    return VersionedObject(topic.decode(), table, name, _version(version), decode_value(blob))
+
+
+def _object(row: list[Any], table: str, key: str | bytes, name: object) -> VersionedObject | None:
+    """The object of a fetch reply's (topic, version, value), or None (skipped) if it is foreign."""
+    return foreign.decode("store_object", name, _decode_object, row, table, key)
+
+
+def _version_row(row: list[Any], table: str, key: bytes) -> tuple[str, str, str, int]:
+    topic, version = row
+    if topic is None:
+        raise TypeError("the object's key is not a hash")
+    return topic.decode(), table, key.decode(), _version(version)
+
+
+def _written_topic(raw: bytes, table: str, name: str) -> str:
+    """The topic of an object a write has changed: the write stands, so a foreign topic is
+    skipped (counted, named) and the event goes out under the table's own topic."""
+    topic = foreign.decode("store_topic", name, bytes.decode, raw)
+    return table if topic is None else topic
+
+
+def _version(text: bytes) -> int:
+    """A version as stored: positive decimal digits (int() would also take ' 1_0', '-3')."""
+    if not text.isdigit() or len(text) > 20:
+        raise ValueError(f"version {text[:40]!r} is not a positive integer")
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class _Client:
     """A redis-py client and its scripts (one per process: see ProcessClient)."""
@@ -213,9 +261,14 @@ class _Client:
             text, nkeys, nargs = _WRITES[name]
             script = self.fused.setdefault((name, ob.LUA), self.r.register_script(
                 _with_feed(_FUSED.format(nkeys=nkeys, nargs=nargs, outbox=ob.LUA, write=text))))
-        res = cast("list[Any]", script(keys=keys + ob.keys() + feed[0], args=args + ob.args() + feed[1]))
+        all_keys = keys + ob.keys()
+        res = cast("list[Any]", script(keys=all_keys + feed[0], args=args + ob.args() + feed[1]))
         if res[0] == _OUTBOX_FULL:
             raise QueueFull(ob.entries[int(res[1]) - 1][0])
+        if res[0] == _OUTBOX_FOREIGN:
+            key = all_keys[int(res[1]) - 1]
+            foreign.skip("queue_record", key, "refused_write", res[2].decode())
+            raise ForeignRecord(key, res[2].decode())
         if res[0] == 0:
             ob.skipped = int(res[3])
         return res
@@ -285,38 +338,51 @@ class RedisStore(Store):
 
     def _get(self, table: str, key: str) -> VersionedObject | None:
         c = self._connect()
+        name = self._obj(table, key)
         with self._errors(f"get {table}/{key}"):
-            row = cast("list[bytes | None]", c.r.hmget(self._obj(table, key), _FIELDS))
-        topic, version, blob = row
-        if topic is None or version is None or blob is None:
-            return None
-        return VersionedObject(topic.decode(), table, key, int(version), decode_value(blob))
+            rows = c.fetch(keys=[name], args=[])
+        return _object(rows[1:], table, key, name) if rows else None
 
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
         if topics is not None and not topics:
             return []
         c = self._connect()
         out: list[VersionedObject] = []
+        add, unpack = out.append, decode_value
+        wanted = [] if topics is None else sorted(topics)
         for tbl in sorted(self.tables) if table is None else [table]:
             with self._errors(f"list {tbl}"):
-                self._list_table(c, tbl, topics, out)
+                for chunk, base, rows in self._fetch_table(c, tbl, c.fetch, wanted):
+                    for i in range(0, len(rows), 4):
+                        # Keys deleted since SMEMBERS are simply absent from the reply. The hot loop
+                        # of a resync, so _object's checks inlined: the try costs nothing unless it raises.
+                        key, version = chunk[rows[i] - 1], rows[i + 2]
+                        try:
+                            if len(version) > 20 or not version.isdigit():
+                                raise ValueError(f"version {version[:40]!r} is not a positive integer")
+                            add(VersionedObject(rows[i + 1].decode(), tbl, key.decode(), int(version),
+                                                unpack(rows[i + 3])))
+                        except foreign.DECODE_ERRORS as exc:  # None (not a hash, no value) included
+                            foreign.skip_error("store_object", base + key, exc)
         return out
 
-    def _list_table(self, c: _Client, table: str, topics: set[str] | None, out: list[VersionedObject]) -> None:
-        keys = list(cast("set[bytes]", c.r.smembers(self._set(table))))
+    def _fetch_table(self, c: _Client, table: str, script: Script,
+                     wanted: list[str]) -> Iterator[tuple[list[bytes], bytes, list[Any]]]:
+        """(keys, key prefix, script reply) per chunk of ``table``'s keys.
+
+        One script call per chunk instead of a pipeline of HMGETs: redis-py's per-command
+        overhead dominated (about 2 s per 100k objects); this is one packed command.
+        """
+        index = self._set(table)
+        try:
+            keys = list(cast("set[bytes]", c.r.smembers(index)))
+        except redis.ResponseError as exc:  # the index is not a set: nothing of the table can be found
+            foreign.skip("store_index", index, "wrong_type", str(exc))
+            return
         base = self._obj(table, "").encode()
-        wanted = [] if topics is None else sorted(topics)
-        unpack, add, new = decode_value, out.append, tuple.__new__
         for start in range(0, len(keys), _CHUNK):
             chunk = keys[start:start + _CHUNK]
-            # One script call per chunk instead of a pipeline of HMGETs: redis-py's per-command
-            # overhead dominated (about 2 s per 100k objects); this is one packed command.
-            rows = c.fetch(keys=[base + k for k in chunk], args=wanted)
-            for i in range(0, len(rows), 4):
-                # Keys deleted since SMEMBERS are simply absent from the reply. tuple.__new__:
-                # see SqliteStore._objects.
-                add(new(VersionedObject, (rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(),
-                                          int(rows[i + 2]), unpack(rows[i + 3]))))
+            yield chunk, base, script(keys=[base + k for k in chunk], args=wanted)
 
     def _revision(self, c: _Client) -> int:
         """The revision counter, read before a listing: every write up to it is in the listing
@@ -335,13 +401,12 @@ class RedisStore(Store):
         out: list[tuple[str, str, str, int]] = []
         for table in sorted(self.tables):
             with self._errors(f"list versions of {table}"):
-                keys = list(cast("set[bytes]", c.r.smembers(self._set(table))))
-                base = self._obj(table, "").encode()
-                for start in range(0, len(keys), _CHUNK):
-                    chunk = keys[start:start + _CHUNK]
-                    rows = c.versions(keys=[base + k for k in chunk], args=wanted)
-                    out.extend((rows[i + 1].decode(), table, chunk[rows[i] - 1].decode(), int(rows[i + 2]))
-                               for i in range(0, len(rows), 3))
+                for chunk, base, rows in self._fetch_table(c, table, c.versions, wanted):
+                    for i in range(0, len(rows), 3):
+                        key = chunk[rows[i] - 1]
+                        row = foreign.decode("store_object", base + key, _version_row, rows[i + 1:i + 3], table, key)
+                        if row is not None:
+                            out.append(row)
         return out, revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
@@ -349,12 +414,14 @@ class RedisStore(Store):
         out: list[VersionedObject] = []
         for start in range(0, len(refs), _CHUNK):
             chunk = refs[start:start + _CHUNK]
+            names = [self._obj(t, k) for t, k in chunk]
             with self._errors("get_many"):
-                rows = c.fetch(keys=[self._obj(t, k) for t, k in chunk], args=[])
+                rows = c.fetch(keys=names, args=[])
             for i in range(0, len(rows), 4):
                 table, key = chunk[rows[i] - 1]
-                topic, version, blob = rows[i + 1].decode(), int(rows[i + 2]), rows[i + 3]
-                out.append(VersionedObject(topic, table, key, version, decode_value(blob)))
+                obj = _object(rows[i + 1:i + 4], table, key, names[rows[i] - 1])
+                if obj is not None:
+                    out.append(obj)
         return out
 
     # -- writes ----------------------------------------------------------------------
@@ -379,7 +446,7 @@ class RedisStore(Store):
                           [topic or "", blob, "" if expected is None else str(int(expected))], outbox,
                           self._feed_args(table, key, "update"))
         self._check_status(res, table, key, expected)
-        return VersionedObject(res[2].decode(), table, key, int(res[1]), value)
+        return VersionedObject(_written_topic(res[2], table, self._obj(table, key)), table, key, int(res[1]), value)
 
     def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
         c = self._connect()
@@ -388,7 +455,7 @@ class RedisStore(Store):
                           [key, "" if expected is None else str(int(expected))], outbox,
                           self._feed_args(table, key, "delete"))
         self._check_status(res, table, key, expected)
-        return VersionedObject(res[2].decode(), table, key, int(res[1]), None)
+        return VersionedObject(_written_topic(res[2], table, self._obj(table, key)), table, key, int(res[1]), None)
 
     @staticmethod
     def _check_status(res: list[Any], table: str, key: str, expected: int | None) -> None:

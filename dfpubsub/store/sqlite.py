@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
+from .. import foreign
 from ..errors import AlreadyExists, HistoryGone, NotFound, StoreUnavailable, VersionConflict
 from ..events import VersionedObject
 from ..sqlite_client import SqliteDb, file_location
@@ -125,6 +126,34 @@ _DELETE = "DELETE FROM nb_objects WHERE tbl = ? AND key = ?"
 _MANY = 500
 
 
+def _foreign(topic: Any, key: Any, version: Any, blob: Any) -> bool:
+    """Whether a row's columns have types this store never writes (another writer's row)."""
+    return (topic.__class__ is not str or key.__class__ is not str or version.__class__ is not int
+            or blob.__class__ is not bytes)
+
+
+def _name(table: Any, key: Any) -> str:
+    return f"nb_objects[tbl={foreign.key_text(table)}, key={foreign.key_text(key)}]"
+
+
+def _objects(rows: list[tuple], tables: frozenset[str]) -> list[VersionedObject]:
+    """The objects of (topic, table, key, version, value) rows of ``tables``, foreign rows skipped."""
+    unpack, new = decode_value, tuple.__new__
+    out: list[VersionedObject] = []
+    add = out.append
+    for topic, tbl, key, version, blob in rows:
+        if tbl not in tables:
+            continue
+        try:  # free unless it raises
+            if _foreign(topic, key, version, blob):
+                raise TypeError("a column has the wrong type")
+            # tuple.__new__ skips the named tuple's Python-level __new__: a third of the cost per row.
+            add(new(VersionedObject, (topic, tbl, key, version, unpack(blob))))
+        except foreign.DECODE_ERRORS as exc:
+            foreign.skip_error("store_object", _name(tbl, key), exc)
+    return out
+
+
 class SqliteStore(Store):
     """``sqlite:///path/to/nb.sqlite`` (``sqlite:///:memory:`` for a private, in-memory one)."""
 
@@ -159,8 +188,8 @@ class SqliteStore(Store):
         rows = self._read("SELECT topic, version, value FROM nb_objects WHERE tbl = ? AND key = ?", (table, key))
         if not rows:
             return None
-        topic, version, blob = rows[0]
-        return VersionedObject(topic, table, key, version, decode_value(blob))
+        objs = _objects([(rows[0][0], table, key, *rows[0][1:])], self.tables)
+        return objs[0] if objs else None
 
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
         sql = "SELECT topic, tbl, key, version, value FROM nb_objects"
@@ -176,13 +205,7 @@ class SqliteStore(Store):
             args.extend(topics)
         if where:
             sql += " WHERE " + " AND ".join(where)
-        return self._objects(self._read(sql, tuple(args)))
-
-    def _objects(self, rows: list[tuple]) -> list[VersionedObject]:
-        unpack, tables, new = decode_value, self.tables, tuple.__new__
-        # tuple.__new__ skips the named tuple's Python-level __new__: a third of the cost per row.
-        return [new(VersionedObject, (topic, tbl, key, version, unpack(blob)))
-                for topic, tbl, key, version, blob in rows if tbl in tables]
+        return _objects(self._read(sql, tuple(args)), self.tables)
 
     def _at_revision(self, sql: str, topics: set[str]) -> tuple[list[tuple], int]:
         """Rows of ``sql`` (its parameters: the topics) and the revision, in one read transaction."""
@@ -210,13 +233,21 @@ class SqliteStore(Store):
     def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
         rows, revision = self._at_revision(
             "SELECT topic, tbl, key, version, value FROM nb_objects" + self._topics_clause(topics), topics)
-        return self._objects(rows), revision
+        return _objects(rows, self.tables), revision
 
     def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
         rows, revision = self._at_revision(
             "SELECT topic, tbl, key, version FROM nb_objects" + self._topics_clause(topics), topics)
-        tables = self.tables
-        return [row for row in rows if row[1] in tables], revision
+        tables, out = self.tables, []
+        for row in rows:
+            topic, tbl, key, version = row
+            if tbl not in tables:
+                continue
+            if _foreign(topic, key, version, b""):
+                foreign.skip_error("store_object", _name(tbl, key), TypeError("a column has the wrong type"))
+            else:
+                out.append(row)
+        return out, revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         by_table: dict[str, list[str]] = {}
@@ -227,9 +258,8 @@ class SqliteStore(Store):
             for start in range(0, len(keys), _MANY):
                 chunk = keys[start:start + _MANY]
                 marks = ",".join("?" * len(chunk))
-                sql = f"SELECT topic, key, version, value FROM nb_objects WHERE tbl = ? AND key IN ({marks})"
-                out.extend(VersionedObject(topic, table, key, version, decode_value(blob))
-                           for topic, key, version, blob in self._read(sql, (table, *chunk)))
+                sql = f"SELECT topic, ?, key, version, value FROM nb_objects WHERE tbl = ? AND key IN ({marks})"
+                out.extend(_objects(self._read(sql, (table, table, *chunk)), self.tables))
         return out
 
     @staticmethod

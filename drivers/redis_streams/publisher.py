@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import RedisError
 
+from dfpubsub import foreign
 from dfpubsub.api import PublisherTransport
 from dfpubsub.errors import ClosedError, TransportError
 from dfpubsub.metrics import Stats
@@ -19,6 +20,15 @@ if TYPE_CHECKING:
 
 #: How often a publisher looks at the join counter (seconds).
 _JOIN_POLL = 0.1
+
+
+def _count(reply: bytes | None) -> int:
+    """The join counter as INCR leaves it: absent (0) or a non-negative decimal integer."""
+    if reply is None:
+        return 0
+    if not reply.isdigit() or len(reply) > 20:
+        raise ValueError(f"not a counter: {reply[:40]!r}")
+    return int(reply)
 
 
 class _RedisPublisher(PublisherTransport):
@@ -39,7 +49,7 @@ class _RedisPublisher(PublisherTransport):
         self._warn = _RateLimit()
         self._closed = False
         try:
-            self._joins = self._command(b"GET", self._joins_key, as_int=True)
+            self._joins = self._joins_now()
         except TransportError:
             pass  # the first successful poll takes the baseline
 
@@ -47,7 +57,7 @@ class _RedisPublisher(PublisherTransport):
     def uri(self) -> str:
         return self._uri
 
-    def _command(self, *args: bytes, as_int: bool = False) -> Any:
+    def _command(self, *args: bytes) -> Any:
         if self._closed:
             raise ClosedError("redis publisher is closed")
         now = time.monotonic()
@@ -64,7 +74,12 @@ class _RedisPublisher(PublisherTransport):
         except RedisError as exc:  # an error reply (OOM, WRONGTYPE, ...): the connection is fine
             raise TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}") from exc
         self._backoff.ok()
-        return int(reply or 0) if as_int else reply
+        return reply
+
+    def _joins_now(self) -> int | None:
+        """The join counter; None (skipped, counted) when another writer left something else there."""
+        reply = self._command(b"GET", self._joins_key)
+        return foreign.decode("driver_control_key", self._joins_key, _count, reply)
 
     def send(self, topic: str, frame: bytes) -> None:
         key = self._keys.get(topic)
@@ -77,7 +92,9 @@ class _RedisPublisher(PublisherTransport):
         if now < self._next_poll:
             return 0
         self._next_poll = now + _JOIN_POLL
-        joins = self._command(b"GET", self._joins_key, as_int=True)
+        joins = self._joins_now()
+        if joins is None:  # nothing to learn from a foreign counter; the idle hellos still go out
+            return 0
         if self._joins is None or joins < self._joins:  # first look, or the server lost its data
             self._joins = joins
             return 0

@@ -7,16 +7,22 @@ traceback; 2 a usage error or a bad configuration.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Annotated
 
 import typer
 
-from dfpubsub import __version__
-from dfpubsub.errors import ConfigError, DfPubSubError
+try:  # typer 0.2x vendors click
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover - typer on the click package
+    from click import exceptions as click  # type: ignore[no-redef]
 
-from . import admin_cmds, notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
+from dfpubsub import __version__, foreign
+from dfpubsub.console import console_main, one_line
+
+from . import admin_cmds, doctor_cmds, notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
 from .context import CliState, Format
 
 __all__ = ["app", "main"]
@@ -33,6 +39,7 @@ app.add_typer(pubsub_cmds.app)
 app.add_typer(watch.app)
 app.add_typer(queue_cmds.app, name="queues", help="The persistent notification queues (shards of persistent topics).")
 app.add_typer(notify_cmds.app)
+app.add_typer(doctor_cmds.app)
 app.add_typer(admin_cmds.topic_app, name="topic")
 app.add_typer(admin_cmds.config_app, name="notification")
 
@@ -59,10 +66,10 @@ def _options(
         "--version", is_eager=True, callback=_print_version, help="Print the version and exit.")] = False,
 ) -> None:
     ctx.obj = CliState(config, store, queues, fmt)
-
-
-def _one_line(exc: BaseException) -> str:
-    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    # Every record a read of this command skips is shown with its result (output.Output.footer),
+    # not also as a log line on stderr.
+    ctx.obj.out.skipped = ctx.with_resource(foreign.collect())
+    foreign.log.addHandler(logging.NullHandler())
 
 
 #: The global options that take a value, in every spelling; kubectl-style, they may follow the command.
@@ -95,21 +102,28 @@ def hoist_global_options(args: list[str]) -> list[str]:
     return front + rest
 
 
+@console_main("df-db")
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``df-db``; typer itself exits (SystemExit) when a command ends normally."""
+    """Entry point of ``df-db``: the exit status; errors are one line (dfpubsub.console)."""
+    args = hoist_global_options(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=hoist_global_options(sys.argv[1:] if argv is None else argv), prog_name="df-db")
-    except ConfigError as exc:
-        print(f"df-db: {_one_line(exc)}", file=sys.stderr)
+        status = app(args=args, prog_name="df-db", standalone_mode=False)
+    except click.UsageError as exc:
+        if not args:
+            return 2  # click printed the help
+        print(f"df-db: error: {one_line(exc.format_message())} (see df-db --help)", file=sys.stderr)
         return 2
-    except DfPubSubError as exc:
-        print(f"df-db: {_one_line(exc)}", file=sys.stderr)
+    except click.ClickException as exc:
+        print(f"df-db: {one_line(exc.format_message())}", file=sys.stderr)
+        return exc.exit_code
+    except typer.Abort:
+        print("df-db: aborted; nothing was changed", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (df-db dump | head): not an error of ours, and no traceback at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

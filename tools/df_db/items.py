@@ -22,6 +22,8 @@ from dfpubsub.errors import InputError
 
 __all__ = ["Item", "read_input", "parse_items"]
 
+#: How deep an input document may nest (a value nests two levels less).
+MAX_DEPTH = 100
 _ADD_FIELDS = {"key", "value", "topic"}
 _UPDATE_FIELDS = {"key", "value", "version"}
 
@@ -53,15 +55,37 @@ def read_input(data: str | None, path: str | None) -> tuple[str, str]:
 def parse_items(text: str, source: str, update: bool) -> list[Item]:
     """Parse and check every item before anything is written; InputError says what is wrong and where."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise InputError(f"bad JSON in {source}: {exc}") from exc
+    except RecursionError as exc:
+        raise InputError(f"bad JSON in {source}: nested too deeply") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise InputError(f"bad JSON in {source}: {exc}") from exc
+    if _too_deep(doc):
+        raise InputError(f"bad JSON in {source}: nested more than {MAX_DEPTH} levels deep")
     many = isinstance(doc, list)
     docs = doc if many else [doc]
     if not docs:
         raise InputError(f"no objects in {source}: the list is empty")
     allowed = _UPDATE_FIELDS if update else _ADD_FIELDS
     return [_item(d, allowed, f"{source}, item {i}" if many else source) for i, d in enumerate(docs)]
+
+
+def _too_deep(doc: Any) -> bool:
+    """Whether ``doc`` nests more than MAX_DEPTH lists and objects: every reader of the value
+    (msgpack, JSON output, a subscriber's handler) would have to survive it."""
+    level: list[Any] = [doc]
+    for _ in range(MAX_DEPTH + 1):
+        level = [v for x in level if isinstance(x, (list, dict)) for v in (x.values() if isinstance(x, dict) else x)]
+        if not level:
+            return False
+    return True
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and the infinities are not JSON: stored, they would make every later JSON output invalid.
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _item(doc: Any, allowed: set[str], where: str) -> Item:

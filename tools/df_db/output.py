@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -20,6 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from dfpubsub.foreign import SkippedRecord
 
 __all__ = ["Column", "Output", "fail", "to_json", "compact", "duration", "clock", "when"]
 
@@ -32,9 +36,29 @@ def _jsonable(obj: Any) -> Any:
 
 
 def to_json(doc: Any, indent: int | None = None) -> str:
-    """``doc`` as JSON (bytes as base64, anything else unknown as its str)."""
+    """``doc`` as strict JSON (bytes as base64, anything else unknown as its str).
+
+    df-db refuses NaN and infinities on input, but another writer may have
+    stored them: they are shown as the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"``, never as the bare tokens no JSON parser must accept.
+    """
     separators = None if indent else (",", ":")
-    return json.dumps(doc, indent=indent, separators=separators, default=_jsonable, ensure_ascii=False)
+    try:
+        return json.dumps(doc, indent=indent, separators=separators, default=_jsonable, ensure_ascii=False,
+                          allow_nan=False)
+    except (ValueError, TypeError):  # rare: a foreign value; its keys or floats made presentable
+        return json.dumps(_strict(doc), indent=indent, separators=separators, default=_jsonable,
+                          ensure_ascii=False, allow_nan=False)
+
+
+def _strict(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k if isinstance(k, (str, int, bool)) or k is None else str(k): _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
 
 
 def compact(value: Any) -> str:
@@ -86,6 +110,8 @@ class Output:
 
     def __init__(self, json_mode: bool):
         self.json = json_mode
+        #: The foreign records the command's reads skipped (dfpubsub.foreign), shown with the result.
+        self.skipped: list[SkippedRecord] = []
         # Piped, a table keeps each row on one line (for grep) instead of wrapping at 80 columns.
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
         self.err = Console(stderr=True, highlight=False)
@@ -97,7 +123,9 @@ class Output:
     def rows(self, rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str | None = None) -> None:
         """A list of objects: a JSON array, or a table with ``columns``."""
         if self.json:
-            self.document(list(rows))
+            # Only with something skipped does the array become {"items": [...], "skipped": [...]}:
+            # a script that reads the usual array then fails loudly instead of missing records silently.
+            self.document({"items": list(rows), "skipped": self._skipped()} if self.skipped else list(rows))
             return
         table = Table(title=title, show_edge=False, header_style="bold")
         for col in columns:
@@ -107,11 +135,12 @@ class Output:
         self.console.print(table)
         if not rows:
             self.err.print("(none)")
+        self.footer()
 
     def record(self, doc: dict[str, Any], show: dict[str, Callable[[Any], str]] | None = None) -> None:
         """One object: a JSON object, or a two-column table of its fields."""
         if self.json:
-            self.document(doc)
+            self.document({**doc, "skipped": self._skipped()} if self.skipped else doc)
             return
         table = Table(show_header=False, show_edge=False)
         table.add_column(style="bold")
@@ -120,6 +149,18 @@ class Output:
             shown = (show or {}).get(name, compact if not isinstance(value, str) else str)
             table.add_row(name, Text(shown(value)))
         self.console.print(table)
+        self.footer()
+
+    def footer(self) -> None:
+        """In table mode, one line on stderr saying what the reads skipped, if anything."""
+        if self.skipped and not self.json:
+            kinds = Counter(f"{r.kind} {r.reason}" for r in self.skipped)
+            self.err.print(f"skipped {len(self.skipped)} record(s) that do not decode ("
+                           + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+                           + "); df-db doctor lists their keys", markup=False, soft_wrap=True)
+
+    def _skipped(self) -> list[dict[str, str]]:
+        return [r._asdict() for r in self.skipped]
 
     def line(self, doc: dict[str, Any], text: Text) -> None:
         """One streamed item: a JSON line, or ``text``."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-from dfpubsub.errors import NotificationDecodeError
+from dfpubsub.errors import ForeignRecord, NotificationDecodeError
 from dfpubsub.notify.notification import decode
 
 from .context import state
@@ -17,6 +18,7 @@ from .output import Column, duration, when
 __all__ = ["app", "notification_doc"]
 
 app = typer.Typer(no_args_is_help=True)
+T = TypeVar("T")
 
 Queues = Annotated[list[str] | None, typer.Argument(metavar="[QUEUE]...", help="Only these queues (default: all).")]
 Max = Annotated[int, typer.Option("--max", min=1, help="At most N entries.")]
@@ -43,7 +45,7 @@ def list_(ctx: typer.Context) -> None:
     """Every queue with its limits: max bytes and entries, reservation expiry, creation time."""
     st = state(ctx)
     with st.open_queues() as store:
-        infos = [store.queue_info(name) for name in store.list_queues()]
+        infos = [info for _, info in _each(store.list_queues(), store.queue_info)]
     st.out.rows([{"queue": i.name, "max_bytes": i.max_bytes, "max_entries": i.max_entries,
                   "stale_after": i.stale_after, "created_at": i.created_at} for i in infos], [
         Column("queue", "queue"), Column("max bytes", "max_bytes", justify="right"),
@@ -57,7 +59,19 @@ def _read_stats(ctx: typer.Context, queues: list[str] | None) -> list[dict[str, 
     with st.open_queues() as store:
         names = queues or store.list_queues()
         now = store.clock()
-        return [{"queue": name, **store.stats(name)._asdict(), "now": now} for name in names]
+        return [{"queue": name, **s._asdict(), "now": now} for name, s in _each(names, store.stats)]
+
+
+def _each(names: list[str], read: Callable[[str], T]) -> list[tuple[str, T]]:
+    """``(name, read(name))`` for each queue; one whose metadata is foreign (counted, and shown
+    in the output's skipped footer) is left out."""
+    out = []
+    for name in names:
+        try:
+            out.append((name, read(name)))
+        except ForeignRecord:
+            continue
+    return out
 
 
 #: The owner's columns, named alike in ``stats`` and ``owners``.

@@ -1,0 +1,66 @@
+"""The guard around every console script: an error is one line on stderr, never a traceback.
+
+A bad flag, config file, environment variable, URL or port is the user's to
+fix, and a traceback hides the one line that says how. :func:`console_main`
+wraps a script's ``main(argv) -> int``: a :class:`~dfpubsub.errors.ConfigError`
+prints ``prog: message`` and exits 2 (as argparse does for a bad flag); any
+other error prints ``prog: message`` and exits 1. The traceback still goes to
+the log at debug level, for whoever debugs the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from .errors import ConfigError, DfPubSubError
+
+__all__ = ["console_main", "one_line", "ArgumentParser"]
+
+log = logging.getLogger("dfpubsub.console")
+
+Main = Callable[[list[str] | None], int]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``prog: error: ...; see --help``), status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (its lines joined by ``; ``), or its type's name."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def console_main(prog: str) -> Callable[[Main], Main]:
+    """Decorate the ``main`` of console script ``prog`` with the guard (see the module's doc)."""
+
+    def wrap(main: Main) -> Main:
+        @functools.wraps(main)
+        def guarded(argv: list[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except KeyboardInterrupt:
+                return 130
+            except ConfigError as exc:
+                return _fail(prog, exc, 2, one_line(exc))
+            except (DfPubSubError, OSError, ValueError) as exc:  # the environment's or the input's fault
+                return _fail(prog, exc, 1, one_line(exc))
+            except Exception as exc:  # a bug: still one line, the traceback at debug level
+                return _fail(prog, exc, 1, f"unexpected error: {type(exc).__name__}: {one_line(exc)}")
+
+        return guarded
+
+    return wrap
+
+
+def _fail(prog: str, exc: BaseException, status: int, message: str) -> int:
+    log.debug("%s failed", prog, exc_info=exc)
+    print(f"{prog}: {message}", file=sys.stderr)
+    return status
