@@ -95,7 +95,7 @@ def test_a_subscriber_cut_off_while_a_publisher_writes_and_exits_converges(tmp_p
         # the feed, what it wrote from then on was never seen.
         sub = node.ctrl.subscriber
         wait_for(lambda: sub.stats.get("resync_requests", "publisher_lost") and not sub.scheduler.pending(),
-                 timeout=10, what="the controller to declare the writer dead and resync")
+                 timeout=30, what="the controller to declare the writer dead and resync")
         for i in range(5):
             api.create("port", f"during{i}", {"i": i})
         api.close()
