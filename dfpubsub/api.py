@@ -127,7 +127,7 @@ class Driver(abc.ABC):
     name: ClassVar[str] = ""
     #: The model of the driver's ``[driver.<name>]`` options (None: it takes none or
     #: checks them itself); the sample configuration is written from it.
-    options_model: ClassVar["type[BaseModel] | None"] = None
+    options_model: ClassVar[type[BaseModel] | None] = None
     #: Whether forked workers publish through a publisher service (:meth:`worker_publisher`).
     publisher_service: ClassVar[bool] = False
 

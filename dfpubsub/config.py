@@ -16,8 +16,13 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import (BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict,
-                               SettingsError)
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from .console import ArgumentParser
 from .errors import ConfigError
@@ -82,7 +87,7 @@ class PubSubSettings(_Section):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "PubSubSettings":
+    def _check(self) -> PubSubSettings:
         if self.batch_max_bytes > self.max_message_bytes:
             raise ValueError("batch_max_bytes must not exceed max_message_bytes")
         if self.resync_max_interval < self.resync_base_interval:
@@ -164,7 +169,7 @@ class ControllerSettings(_Section):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "ControllerSettings":
+    def _check(self) -> ControllerSettings:
         if self.retry_max_delay < self.retry_base_delay:
             raise ValueError("controller.retry_max_delay must be at least controller.retry_base_delay")
         return self
@@ -206,7 +211,7 @@ class NotifySettings(_Section):
     worker_id: str = Field("", description="df-notify: lease owner name (default: host:pid).")
 
     @model_validator(mode="after")
-    def _check(self) -> "NotifySettings":
+    def _check(self) -> NotifySettings:
         if self.renew_interval > self.lease / 3:
             raise ValueError(
                 f"notify.renew_interval ({self.renew_interval:g} s) must be at most notify.lease / 3 "
@@ -238,7 +243,7 @@ class DiscoverySettings(_Section):
     prefix: str = Field("dfpubsub", min_length=1, description="Key namespace of the registrations.")
 
     @model_validator(mode="after")
-    def _check(self) -> "DiscoverySettings":
+    def _check(self) -> DiscoverySettings:
         # Dragonflow renewed at about its timeout, so live publishers were collected as dead.
         if self.renew_interval > self.ttl / 3:
             raise ValueError(
@@ -269,7 +274,7 @@ class Settings(BaseSettings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.cache.tombstone_horizon <= self.pubsub.message_delay_window * 10:
             raise ValueError("cache.tombstone_horizon must be far longer than pubsub.message_delay_window")
         return self

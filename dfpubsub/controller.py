@@ -30,7 +30,7 @@ from .api import SubscriberTransport
 from .cache import Change, VersionedCache
 from .config import ControllerSettings
 from .events import Action, Event, VersionedObject
-from .indexer import IndexFunc, Indexer, Lister
+from .indexer import Indexer, IndexFunc, Lister
 from .logs import RateLimitedLog
 from .metrics import Stats
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
@@ -70,7 +70,7 @@ class ControllerOptions:
     sync_drains_queue: bool = True
 
     @classmethod
-    def from_settings(cls, s: ControllerSettings) -> "ControllerOptions":
+    def from_settings(cls, s: ControllerSettings) -> ControllerOptions:
         """The work queue's and workers' share of ``[controller]``."""
         return cls(s.workers, s.resync_period, s.max_retries, s.queue_size, s.retry_base_delay, s.retry_max_delay,
                    s.retry_qps, s.retry_burst, s.sync_drains_queue)
@@ -168,7 +168,7 @@ class Controller:
         their next change or at the next re-delivery)."""
         return sorted(self._failed.values())
 
-    def start(self) -> "Controller":
+    def start(self) -> Controller:
         """Subscribe and start syncing; returns at once (see :attr:`synced`)."""
         self._threads = [
             threading.Thread(target=self._work_loop, name=f"dfpubsub-reconcile-{self.name}-{i}", daemon=True)

@@ -76,7 +76,7 @@ class FeedPublisher:
     topic this publisher has seen in the feed.
     """
 
-    def __init__(self, store: Store, publisher: "Publisher", cursor: FileCursor | None = None, *,
+    def __init__(self, store: Store, publisher: Publisher, cursor: FileCursor | None = None, *,
                  topics: Iterable[str] = (), batch: int = 1000, compact_interval: float = 60.0,
                  stats: Stats | None = None):
         self.store = store

@@ -46,7 +46,7 @@ DECODE_ERRORS: tuple[type[BaseException], ...] = (
     msgpack.UnpackException, struct.error,
 )
 
-_collector: contextvars.ContextVar[list["SkippedRecord"] | None] = contextvars.ContextVar(
+_collector: contextvars.ContextVar[list[SkippedRecord] | None] = contextvars.ContextVar(
     "dfpubsub_foreign_collector", default=None)
 
 

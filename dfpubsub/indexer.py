@@ -10,7 +10,6 @@ scanning the table.
 from __future__ import annotations
 
 import builtins
-
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping

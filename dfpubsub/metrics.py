@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["COUNTERS", "GAUGES", "HISTOGRAMS", "ROLE_COUNTERS", "Histogram", "LabelledCounter", "Stats",
            "register_collector", "start_metrics_server"]
 
-_live: "weakref.WeakSet[Stats]" = weakref.WeakSet()
+_live: weakref.WeakSet[Stats] = weakref.WeakSet()
 _registered = False
 _register_lock = threading.Lock()
 
@@ -204,7 +204,7 @@ class _Collector:
     than exported as ``reason=""``.
     """
 
-    def collect(self) -> Iterator["Metric"]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         live = list(_live)
@@ -244,9 +244,9 @@ class _Collector:
                 hfam.add_metric([stats.role, stats.name], buckets, hist.sum)
         yield from gauges.values()
         yield from hists.values()
-        for counter in _counters:
-            fam = CounterMetricFamily(f"dfpubsub_{counter.name}", counter.help, labels=list(counter.labels))
-            for values, value in list(counter.counts.items()):
+        for labelled in _counters:
+            fam = CounterMetricFamily(f"dfpubsub_{labelled.name}", labelled.help, labels=list(labelled.labels))
+            for values, value in list(labelled.counts.items()):
                 fam.add_metric(list(values), value)
             yield fam
 

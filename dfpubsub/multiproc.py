@@ -25,7 +25,7 @@ from .publisher import Publisher
 
 __all__ = ["WorkerPublisher"]
 
-_live: "weakref.WeakSet[WorkerPublisher]" = weakref.WeakSet()
+_live: weakref.WeakSet[WorkerPublisher] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -118,7 +118,7 @@ class WorkerPublisher:
         if pub is not None:
             pub.close()
 
-    def __enter__(self) -> "WorkerPublisher":
+    def __enter__(self) -> WorkerPublisher:
         return self
 
     def __exit__(self, *exc: object) -> None:

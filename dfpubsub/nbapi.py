@@ -34,6 +34,7 @@ from .publisher import Publisher
 from .store import FeedRetention, Store, open_store
 
 if TYPE_CHECKING:
+    from .multiproc import WorkerPublisher
     from .notify.producer import Notifier
 
 __all__ = ["NbApi", "AsyncNbApi", "open_store_from_settings"]
@@ -53,13 +54,14 @@ class NbApi:
     """Northbound API: store writes that publish. ``publisher`` None writes without publishing;
     ``notifier`` None enqueues no persistent notifications."""
 
-    def __init__(self, store: Store, publisher: Publisher | None = None, notifier: "Notifier | None" = None):
+    def __init__(self, store: Store, publisher: Publisher | WorkerPublisher | None = None,
+                 notifier: Notifier | None = None):
         self.store = store
         self.publisher = publisher
         self.notifier = notifier
 
     @classmethod
-    def from_settings(cls, settings: Settings, publish: bool = True) -> "NbApi":
+    def from_settings(cls, settings: Settings, publish: bool = True) -> NbApi:
         """Open the configured store and, if ``publish`` and ``[nbapi] publish`` is not "feed", a
         publisher on the configured driver; with ``[notify] enabled``, a notifier on the configured
         queues."""
@@ -127,7 +129,7 @@ class NbApi:
             self.notifier.close()
         self.store.close()
 
-    def __enter__(self) -> "NbApi":
+    def __enter__(self) -> NbApi:
         return self
 
     def __exit__(self, *exc: object) -> None:

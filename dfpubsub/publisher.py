@@ -268,7 +268,7 @@ class Publisher:
         self._thread.join(timeout=5)
         self.transport.close()
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .config import CONFIG_ENV, Settings, _SECTIONS
+from .config import _SECTIONS, CONFIG_ENV, Settings
 
 __all__ = ["render_sample"]
 

@@ -118,7 +118,7 @@ class Subscriber:
         """The subscribed topics."""
         return self._topics
 
-    def start(self) -> "Subscriber":
+    def start(self) -> Subscriber:
         """Subscribe, then start the threads; the initial sync runs first thing."""
         if self._closed:
             raise ClosedError("subscriber is closed")
@@ -195,7 +195,7 @@ class Subscriber:
         for t in self._threads:
             t.join(timeout=5)
 
-    def __enter__(self) -> "Subscriber":
+    def __enter__(self) -> Subscriber:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

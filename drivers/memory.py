@@ -22,7 +22,7 @@ from dfpubsub.metrics import Stats
 
 __all__ = ["MemoryDriver", "MemoryBus"]
 
-_buses: dict[str, "MemoryBus"] = {}
+_buses: dict[str, MemoryBus] = {}
 _buses_lock = threading.Lock()
 
 
@@ -35,7 +35,7 @@ class MemoryBus:
         self.joins = 0
 
     @classmethod
-    def named(cls, name: str) -> "MemoryBus":
+    def named(cls, name: str) -> MemoryBus:
         """The process-wide bus called ``name``."""
         with _buses_lock:
             bus = _buses.get(name)

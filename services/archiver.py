@@ -48,7 +48,7 @@ class Archiver:
     def _on_event(self, event: Event) -> None:
         self.writer.append_event(event, time.time())
 
-    def start(self) -> "Archiver":
+    def start(self) -> Archiver:
         """Publish what a crashed predecessor left, then subscribe."""
         recovered = self.writer.recover()
         if recovered:

@@ -17,8 +17,8 @@ import logging
 import socket
 import sys
 
-from dfpubsub.console import console_main
 from dfpubsub.config import parse_settings
+from dfpubsub.console import console_main
 from dfpubsub.controller import Controller, ControllerOptions
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError

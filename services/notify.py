@@ -20,8 +20,8 @@ import signal
 import socket
 import sys
 
-from dfpubsub.console import console_main
 from dfpubsub.config import parse_settings
+from dfpubsub.console import console_main
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.factory import create_subscriber
 from dfpubsub.logs import setup_logging

@@ -22,8 +22,8 @@ import socket
 import sys
 import threading
 
-from dfpubsub.console import console_main
 from dfpubsub.config import parse_settings
+from dfpubsub.console import console_main
 from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.factory import create_driver

@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from dfpubsub.tools.demo_feed import run_registration
+from dfpubsub.tools.demo_notify import run_notifications
+
 from dfpubsub import __version__
 from dfpubsub.cache import Change
 from dfpubsub.console import ArgumentParser, console_main
@@ -42,8 +45,6 @@ from dfpubsub.publisher import Publisher, PublisherOptions
 from dfpubsub.registry import load_driver
 from dfpubsub.store import Store, open_store
 from dfpubsub.subscriber import SubscriberOptions
-from dfpubsub.tools.demo_feed import run_registration
-from dfpubsub.tools.demo_notify import run_notifications
 from dfpubsub.tracker import ResyncRequest
 
 TABLES = ["port", "network", "portbinding", "chassis"]

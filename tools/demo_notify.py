@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dfpubsub.tools.webhook import WebhookReceiver
+
 from dfpubsub.nbapi import NbApi
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
 from dfpubsub.notify.producer import Notifier
 from dfpubsub.queues import open_queues
-from dfpubsub.tools.webhook import WebhookReceiver
 
 __all__ = ["run_notifications"]
 

@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 from dfpubsub import __version__
-from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.config import add_config_arguments, settings_from_args
+from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.errors import PipelineError
 from dfpubsub.logs import setup_logging
 

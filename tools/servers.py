@@ -46,7 +46,7 @@ class ServerProcess:
     def ready(self) -> bool:
         raise NotImplementedError
 
-    def start(self, timeout: float = 30.0) -> "ServerProcess":
+    def start(self, timeout: float = 30.0) -> ServerProcess:
         log = open(self.workdir / f"{self.binary}.log", "ab")
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
         log.close()
@@ -73,7 +73,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def restart(self) -> "ServerProcess":
+    def restart(self) -> ServerProcess:
         self.kill()
         return self.start()
 

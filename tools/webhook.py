@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 from aiohttp import web
-
 from dfpubsub.tools.servers import free_port
 
 __all__ = ["WebhookReceiver", "HungWebhook"]
@@ -69,7 +68,7 @@ class WebhookReceiver:
             self._arrivals.extend([now] * len(items))
         return web.Response(status=self.status)
 
-    def start(self) -> "WebhookReceiver":
+    def start(self) -> WebhookReceiver:
         """Listen (again) on the port; returns once it accepts connections."""
         ready = threading.Event()
 
@@ -106,7 +105,7 @@ class WebhookReceiver:
         thread.join(10)
         self._loop = self._runner = self._thread = None
 
-    def __enter__(self) -> "WebhookReceiver":
+    def __enter__(self) -> WebhookReceiver:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -138,7 +137,7 @@ class HungWebhook:
         for conn in self.accepted:
             conn.close()
 
-    def __enter__(self) -> "HungWebhook":
+    def __enter__(self) -> HungWebhook:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -5,7 +5,7 @@ package needs only the core's dependencies.
 """
 
 from .journal import Journal, read_journal
-from .layout import JOURNAL_DIR, partition_dir, parse_partition, segment_files, utc_date
+from .layout import JOURNAL_DIR, parse_partition, partition_dir, segment_files, utc_date
 from .schema import COLUMNS, LOG_SCHEMA_VERSION, Row, arrow_schema, event_row, rows_to_table
 from .writer import SegmentWriter
 

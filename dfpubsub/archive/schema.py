@@ -54,7 +54,7 @@ def require_pyarrow() -> Any:
     return pyarrow
 
 
-def arrow_schema() -> "pyarrow.Schema":
+def arrow_schema() -> pyarrow.Schema:
     """The pyarrow schema of a segment (``value`` and nothing else nullable)."""
     pa = require_pyarrow()
     types = {"string": pa.string(), "binary": pa.binary(), "int64": pa.int64(), "float64": pa.float64()}
@@ -70,7 +70,7 @@ def event_row(event: Event, received_at: float) -> Row:
             event.publisher_id, event.seq, float(event.sent_at), received_at)
 
 
-def rows_to_table(rows: list[Row]) -> "pyarrow.Table":
+def rows_to_table(rows: list[Row]) -> pyarrow.Table:
     """A pyarrow table of ``rows`` in the log schema."""
     pa = require_pyarrow()
     schema = arrow_schema()

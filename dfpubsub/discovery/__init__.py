@@ -90,7 +90,7 @@ def open_discovery(
     raise ConfigError(f"unknown discovery URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
 
 
-def discovery_from_settings(settings: "Settings") -> Discovery:
+def discovery_from_settings(settings: Settings) -> Discovery:
     """Open discovery as ``[discovery]`` says (its ``url`` defaults to ``store.url``)."""
     d = settings.discovery
     return open_discovery(d.url or settings.store.url, d.ttl, d.renew_interval, d.prefix)
@@ -121,7 +121,7 @@ class PublisherAnnouncer:
     def __init__(
         self,
         discovery: Discovery,
-        publisher: "Publisher",
+        publisher: Publisher,
         topics: Iterable[str] | None = None,
         *,
         advertise_host: str | None = None,
@@ -156,7 +156,7 @@ class PublisherAnnouncer:
         """Unregister: the row is deleted at once."""
         self.registration.close()
 
-    def __enter__(self) -> "PublisherAnnouncer":
+    def __enter__(self) -> PublisherAnnouncer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -180,7 +180,7 @@ class DiscoveryConnector:
     def __init__(
         self,
         discovery: Discovery,
-        subscriber: "Subscriber",
+        subscriber: Subscriber,
         static: Iterable[str] = (),
         accept: Callable[[PublisherRecord], bool] | None = None,
     ):
@@ -208,7 +208,7 @@ class DiscoveryConnector:
                 for uri in uris:
                     self._call(self.subscriber.disconnect, uri)
 
-    def __enter__(self) -> "DiscoveryConnector":
+    def __enter__(self) -> DiscoveryConnector:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -113,7 +113,7 @@ class PublisherRecord:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes | str, lease_left: float | None = None) -> "PublisherRecord":
+    def from_json(cls, data: bytes | str, lease_left: float | None = None) -> PublisherRecord:
         """Parse a row's value; ``ValueError`` if it is not a record."""
         try:
             obj = json.loads(data)
@@ -161,7 +161,7 @@ class Discovery(abc.ABC):
 
     # -- public API ---------------------------------------------------------------
 
-    def register(self, record: PublisherRecord) -> "Registration":
+    def register(self, record: PublisherRecord) -> Registration:
         """Write ``record``'s row and keep it alive until :meth:`Registration.close`.
 
         Raises :class:`~dfpubsub.errors.StoreUnavailable` if the backend cannot
@@ -182,7 +182,7 @@ class Discovery(abc.ABC):
 
     def watch(
         self, on_added: RecordCallback, on_removed: RecordCallback, on_updated: RecordCallback | None = None
-    ) -> "Watcher":
+    ) -> Watcher:
         """Report rows as they appear (``on_added``), change (``on_updated``) and vanish (``on_removed``).
 
         The rows that exist already are reported as added before this returns,
@@ -215,7 +215,7 @@ class Discovery(abc.ABC):
             reg.close()
         self._close()
 
-    def __enter__(self) -> "Discovery":
+    def __enter__(self) -> Discovery:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -225,7 +225,7 @@ class Discovery(abc.ABC):
         if self._closed:
             raise ClosedError(f"{self.backend} discovery is closed")
 
-    def _forget(self, item: "Registration | Watcher") -> None:
+    def _forget(self, item: Registration | Watcher) -> None:
         with self._lock:
             if isinstance(item, Registration):
                 self._registrations.discard(item)
@@ -255,7 +255,7 @@ class Discovery(abc.ABC):
 
     def _watcher(
         self, on_added: RecordCallback, on_removed: RecordCallback, on_updated: RecordCallback | None
-    ) -> "Watcher":
+    ) -> Watcher:
         return PollingWatcher(self, on_added, on_removed, on_updated)
 
     def _close(self) -> None:
@@ -361,7 +361,7 @@ class Registration:
                         extra={"publisher_id": self._record.publisher_id, "error": str(exc)})
         self.discovery._forget(self)
 
-    def __enter__(self) -> "Registration":
+    def __enter__(self) -> Registration:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -441,7 +441,7 @@ class Watcher(abc.ABC):
             self._thread.join(timeout=self.discovery.timeout + 2)
         self.discovery._forget(self)
 
-    def __enter__(self) -> "Watcher":
+    def __enter__(self) -> Watcher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -28,6 +28,7 @@ forking workers (a forked child must open its own).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -231,6 +232,9 @@ class EtcdDiscovery(Discovery):
                 leases[publisher_id] = kv.lease
         return records, leases, int(response.header.revision)
 
+    def _time_to_live(self, lease: int, stub: Any) -> Any:
+        return stub.lease.LeaseTimeToLive(rpc.LeaseTimeToLiveRequest(ID=lease), timeout=self.timeout)
+
     def _snapshot(self) -> dict[str, PublisherRecord]:
         records, leases, _ = self._range()
         out: dict[str, PublisherRecord] = {}
@@ -238,8 +242,7 @@ class EtcdDiscovery(Discovery):
             lease = leases[publisher_id]
             left: float | None = None
             if lease:
-                ttl = self._conn.call("lease time-to-live", lambda s: s.lease.LeaseTimeToLive(
-                    rpc.LeaseTimeToLiveRequest(ID=lease), timeout=self.timeout)).TTL
+                ttl = self._conn.call("lease time-to-live", functools.partial(self._time_to_live, lease)).TTL
                 if ttl < 0:  # expired, the key not yet deleted
                     continue
                 left = float(ttl)

@@ -106,7 +106,7 @@ class AmqpEndpoint(Endpoint):
                         return_exceptions=True,
                     )
             # RuntimeError: what aio-pika and aiormq raise on a closed connection or channel.
-            except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiormq.exceptions.AMQPError, RuntimeError, ConnectionError, OSError) as exc:
                 # A half-open connection could hold confirms forever: start afresh next time.
                 await self._drop()
                 raise EndpointError(f"{self.safe_url}: {_describe(exc)}", acked) from exc
@@ -122,7 +122,7 @@ class AmqpEndpoint(Endpoint):
         if connection is not None and not connection.is_closed:
             try:
                 await asyncio.wait_for(connection.close(), self.timeout)
-            except (aiormq.exceptions.AMQPError, RuntimeError, ConnectionError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, aiormq.exceptions.AMQPError, RuntimeError, ConnectionError, OSError):
                 pass  # it is being dropped because it misbehaved
 
     async def close(self) -> None:

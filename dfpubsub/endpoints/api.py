@@ -185,7 +185,7 @@ class Endpoint(abc.ABC):
     async def close(self) -> None:
         """Release connections; the endpoint may not be used afterwards."""
 
-    async def __aenter__(self) -> "Endpoint":
+    async def __aenter__(self) -> Endpoint:
         return self
 
     async def __aexit__(

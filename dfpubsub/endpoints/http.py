@@ -16,7 +16,6 @@ raise :class:`EndpointError` (retry); any other status, redirects included
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
@@ -124,7 +123,7 @@ class HttpEndpoint(Endpoint):
                 detail = (await resp.content.read(200)).decode("utf-8", "replace").strip()
         except aiohttp.InvalidURL as exc:
             raise EndpointConfigError(f"invalid URL {self.safe_url!r}", acked) from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # aiohttp's messages name host and port, never the URL's credentials; be sure anyway.
             reason = str(exc).replace(self.url, self.safe_url) or "timed out"
             raise EndpointError(f"{self.safe_url}: {type(exc).__name__}: {reason}", acked) from exc

@@ -121,7 +121,7 @@ class DeliveryWorker:
                     self._log.warning("claim", "walking the queues failed; retrying", error=str(exc))
                 try:
                     await asyncio.wait_for(stop.wait(), self.options.renew_interval)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             await self._release_all()
@@ -274,7 +274,7 @@ class DeliveryThread:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="dfpubsub-notify", daemon=True)
 
-    def start(self) -> "DeliveryThread":
+    def start(self) -> DeliveryThread:
         """Start delivering; returns at once."""
         self._thread.start()
         self._ready.wait()
@@ -293,7 +293,7 @@ class DeliveryThread:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout)
 
-    def __enter__(self) -> "DeliveryThread":
+    def __enter__(self) -> DeliveryThread:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

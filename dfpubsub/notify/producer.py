@@ -60,9 +60,9 @@ from ..events import VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..queues import QueueStore
+from ..queues.sharding import shard_for
 from ..store import Store
 from ..store.outbox import Outbox
-from ..queues.sharding import shard_for
 from .notification import Notification, encode, notification_id, value_digest
 from .registry import Match, NotificationRegistry
 from .topics import Topic, event_name

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -67,7 +67,7 @@ CE_BATCH_JSON = "application/cloudevents-batch+json"
 
 def iso_time(ts: float) -> str:
     """Unix seconds as ISO-8601 UTC with milliseconds, e.g. ``2024-05-01T12:00:00.123Z``."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def s3_event_name(event_name: str) -> str:

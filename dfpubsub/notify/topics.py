@@ -124,7 +124,7 @@ class Topic:
         ):
             raise InvalidValue(f"topic {self.name}: endpoint_options must map names to strings")
 
-    def with_shards(self, shards: int) -> "Topic":
+    def with_shards(self, shards: int) -> Topic:
         """The same topic with ``shards`` shards."""
         return replace(self, shards=shards)
 
@@ -133,7 +133,7 @@ class Topic:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, blob: bytes) -> "Topic":
+    def from_json(cls, blob: bytes) -> Topic:
         """Inverse of :meth:`to_json`; InvalidValue for anything else."""
         return _build(cls, _load(blob, cls.__name__))
 
@@ -183,7 +183,7 @@ class NotificationConfig:
                            "prefix": self.prefix, "suffix": self.suffix}, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, blob: bytes) -> "NotificationConfig":
+    def from_json(cls, blob: bytes) -> NotificationConfig:
         """Inverse of :meth:`to_json`; InvalidValue for anything else."""
         fields = _load(blob, cls.__name__)
         fields["actions"] = tuple(fields.get("actions") or ())

@@ -52,7 +52,7 @@ class AuditResult:
     seconds: float
 
 
-def _stream_tables(rows: "DataFrame") -> dict[str, "DataFrame"]:
+def _stream_tables(rows: DataFrame) -> dict[str, DataFrame]:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -69,7 +69,7 @@ def _stream_tables(rows: "DataFrame") -> dict[str, "DataFrame"]:
     return {"streams": streams, "gaps": gaps, "duplicates": per_seq.where(F.col("copies") > 1)}
 
 
-def _order_violations(rows: "DataFrame") -> "DataFrame":
+def _order_violations(rows: DataFrame) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -82,7 +82,7 @@ def _order_violations(rows: "DataFrame") -> "DataFrame":
                     "received_at"))
 
 
-def _latency_tables(rows: "DataFrame", bucket: float) -> dict[str, "DataFrame"]:
+def _latency_tables(rows: DataFrame, bucket: float) -> dict[str, DataFrame]:
     from pyspark.sql import functions as F
 
     lat = rows.select(
@@ -105,7 +105,7 @@ def _latency_tables(rows: "DataFrame", bucket: float) -> dict[str, "DataFrame"]:
 
 
 def audit(
-    spark: "SparkSession",
+    spark: SparkSession,
     log_root: str,
     out: str,
     topics: Iterable[str] | None = None,
@@ -137,14 +137,14 @@ def audit(
     return AuditResult(summary, base, time.monotonic() - started)
 
 
-def _one(df: "DataFrame") -> "Row":
+def _one(df: DataFrame) -> Row:
     """The row of an aggregate over a whole frame: there is exactly one, even over no rows."""
     row = df.first()
     assert row is not None
     return row
 
 
-def _summarise(t: dict[str, "DataFrame"], segments: int, bucket: float, top: int) -> dict[str, Any]:
+def _summarise(t: dict[str, DataFrame], segments: int, bucket: float, top: int) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     streams = _one(t["streams"].agg(F.count(F.lit(1)).alias("streams"), F.countDistinct("publisher_id").alias("publishers"),
@@ -153,7 +153,7 @@ def _summarise(t: dict[str, "DataFrame"], segments: int, bucket: float, top: int
     dups = _one(t["duplicates"].agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("extra")))
     peak = _one(t["rates"].agg(F.max("events_per_s").alias("peak")))
 
-    def rows(df: "DataFrame", order: list[Any]) -> list[dict[str, Any]]:
+    def rows(df: DataFrame, order: list[Any]) -> list[dict[str, Any]]:
         return [r.asDict() for r in df.orderBy(*order).limit(top).collect()]
 
     return {

@@ -57,7 +57,7 @@ class CompactResult:
     seconds: float
 
 
-def _rank(col: "Column") -> "Column":
+def _rank(col: Column) -> Column:
     from pyspark.sql import functions as F
 
     expr = F.lit(-1)
@@ -66,7 +66,7 @@ def _rank(col: "Column") -> "Column":
     return expr
 
 
-def latest_per_key(rows: "DataFrame") -> "DataFrame":
+def latest_per_key(rows: DataFrame) -> DataFrame:
     """The winning row of each (table, key) of ``rows`` (log columns), by :data:`TIE_BREAK`."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -80,7 +80,7 @@ def latest_per_key(rows: "DataFrame") -> "DataFrame":
             .select(*[name for name, _ in COLUMNS]))
 
 
-def read_generation(spark: "SparkSession", root: str, generation: int) -> "DataFrame":
+def read_generation(spark: SparkSession, root: str, generation: int) -> DataFrame:
     """Every row (live and tombstones) of a generation, in the log's columns."""
     from pyspark.sql import types as T
 
@@ -91,7 +91,7 @@ def read_generation(spark: "SparkSession", root: str, generation: int) -> "DataF
 
 
 def compact(
-    spark: "SparkSession",
+    spark: SparkSession,
     log_root: str,
     snapshot_root: str,
     tombstone_retention: float = 7 * 86400.0,

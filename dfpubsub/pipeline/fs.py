@@ -20,7 +20,7 @@ __all__ = ["HadoopFs"]
 class HadoopFs:
     """The Hadoop FileSystem of ``root`` in ``spark``'s JVM."""
 
-    def __init__(self, spark: "SparkSession", root: str):
+    def __init__(self, spark: SparkSession, root: str):
         jvm: Any = spark._jvm
         self._Path = jvm.org.apache.hadoop.fs.Path
         try:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["log_schema", "list_segments", "read_segments"]
 
 
-def log_schema() -> "StructType":
+def log_schema() -> StructType:
     """The Spark schema of the log (the same columns as the archiver's pyarrow schema)."""
     from pyspark.sql import types as T
 
@@ -45,7 +45,7 @@ def list_segments(
     return list(segment_files(root.rstrip("/"), accept, fs.listdir))
 
 
-def read_segments(spark: "SparkSession", root: str, segments: list[str]) -> "DataFrame":
+def read_segments(spark: SparkSession, root: str, segments: list[str]) -> DataFrame:
     """The rows of ``segments`` (relative to ``root``) with the log's schema; empty for none.
 
     Files are named one by one, so Spark infers no partition columns: every

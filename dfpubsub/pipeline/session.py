@@ -82,7 +82,7 @@ def _local_parallelism(master: str) -> dict[str, str]:
             "spark.sql.shuffle.partitions": threads}
 
 
-def build_session(app_name: str, master: str | None = None, conf: Mapping[str, str] | None = None) -> "SparkSession":
+def build_session(app_name: str, master: str | None = None, conf: Mapping[str, str] | None = None) -> SparkSession:
     """A SparkSession for ``app_name``: ``master`` if given, else the one spark-submit set, else local[*].
 
     ``conf`` overrides :data:`SPARK_DEFAULTS`. An existing session of this

@@ -58,7 +58,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str) -> "Manifest":
+    def from_json(cls, data: bytes, where: str) -> Manifest:
         """Parse a manifest; PipelineError if it is not one this version reads."""
         try:
             obj = json.loads(data)

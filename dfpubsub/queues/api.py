@@ -34,6 +34,7 @@ so every backend fails the same way on bad input.
 from __future__ import annotations
 
 import abc
+import builtins
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -143,14 +144,14 @@ def _record_name(name: str) -> str:
 
 
 def _size(size: object) -> int:
-    if size.__class__ is not int or size < 0:  # type: ignore[operator]
+    if size.__class__ is not int or size < 0:
         raise InvalidValue(f"reservation size must be an int >= 0, not {size!r}")
-    return size  # type: ignore[return-value]
+    return size
 
 
 def _data(data: object) -> bytes:
     if data.__class__ is bytes:
-        return data  # type: ignore[return-value]
+        return data
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidValue(f"entry data must be bytes, not {type(data).__name__}")
     return bytes(data)
@@ -176,7 +177,7 @@ class QueueStore(abc.ABC):
         """Whether ``store`` can append to these queues in its own writes (:meth:`outbox`)."""
         return same_place(self.backend, self.location, store.backend, store.location)
 
-    def outbox(self, entries: list[tuple[str, bytes]]) -> Outbox:
+    def outbox(self, entries: builtins.list[tuple[str, bytes]]) -> Outbox:
         """An outbox appending ``(queue, body)`` entries atomically with one write of a store
         that :meth:`shares_store`: each entry checked against its queue's bounds (QueueFull
         fails the write), no reservation needed (:mod:`dfpubsub.store.outbox`).
@@ -209,7 +210,7 @@ class QueueStore(abc.ABC):
         """Delete a queue with its entries, reservations, lease and dead letters; False if there was none."""
         return self._delete_queue(name)
 
-    def list_queues(self) -> list[str]:
+    def list_queues(self) -> builtins.list[str]:
         """Names of every queue, sorted."""
         return self._list_queues()
 
@@ -227,7 +228,7 @@ class QueueStore(abc.ABC):
         """
         return self._reserve(name, _size(size), self.clock())
 
-    def reserve_many(self, name: str, sizes: Sequence[int]) -> list[str]:
+    def reserve_many(self, name: str, sizes: Sequence[int]) -> builtins.list[str]:
         """Reserve room for ``len(sizes)`` entries in one round trip: all of them, or
         none and QueueFull. Lets a writer keep a few reservations ready ahead of its writes."""
         self._batch(sizes)
@@ -243,7 +244,7 @@ class QueueStore(abc.ABC):
         """
         return self._commit(name, res_id, _data(data), self.clock())
 
-    def commit_many(self, name: str, items: Sequence[tuple[str, bytes]]) -> list[str]:
+    def commit_many(self, name: str, items: Sequence[tuple[str, bytes]]) -> builtins.list[str]:
         """Commit several ``(reservation id, data)`` in one round trip, in that order; their markers.
 
         All or nothing: on QueueFull or ReservationNotFound nothing is
@@ -266,7 +267,7 @@ class QueueStore(abc.ABC):
 
     # -- the owner -----------------------------------------------------------------------
 
-    def list(self, name: str, max: int = 1000, from_marker: str | None = None) -> tuple[list[QueueEntry], bool]:
+    def list(self, name: str, max: int = 1000, from_marker: str | None = None) -> tuple[builtins.list[QueueEntry], bool]:
         """Up to ``max`` entries committed after ``from_marker``, in commit order, and
         whether more follow."""
         _positive(max, "max")
@@ -342,7 +343,7 @@ class QueueStore(abc.ABC):
             items[marker_seq(e.marker)] = e.data
         return self._set_aside(name, sorted(items.items()), reason, self.clock()) if items else 0
 
-    def list_dead_letters(self, name: str | None = None, max: int = 1000) -> list[DeadLetter]:
+    def list_dead_letters(self, name: str | None = None, max: int = 1000) -> builtins.list[DeadLetter]:
         """Dead letters of one queue (all if None), by queue then marker, at most ``max``."""
         _positive(max, "max")
         return self._list_dead_letters(name, max)
@@ -385,7 +386,7 @@ class QueueStore(abc.ABC):
     def close(self) -> None:
         """Release connections."""
 
-    def __enter__(self) -> "QueueStore":
+    def __enter__(self) -> QueueStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -400,7 +401,7 @@ class QueueStore(abc.ABC):
     def _delete_queue(self, name: str) -> bool: ...
 
     @abc.abstractmethod
-    def _list_queues(self) -> list[str]: ...
+    def _list_queues(self) -> builtins.list[str]: ...
 
     @abc.abstractmethod
     def _queue_info(self, name: str) -> QueueInfo: ...
@@ -409,28 +410,28 @@ class QueueStore(abc.ABC):
     def _reserve(self, name: str, size: int, now: float) -> str: ...
 
     @abc.abstractmethod
-    def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]: ...
+    def _reserve_many(self, name: str, sizes: builtins.list[int], now: float) -> builtins.list[str]: ...
 
     @abc.abstractmethod
     def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str: ...
 
     @abc.abstractmethod
-    def _commit_many(self, name: str, items: list[tuple[str, bytes]], now: float) -> list[str]: ...
+    def _commit_many(self, name: str, items: builtins.list[tuple[str, bytes]], now: float) -> builtins.list[str]: ...
 
     @abc.abstractmethod
     def _abort(self, name: str, res_id: str, now: float) -> bool: ...
 
     @abc.abstractmethod
-    def _list(self, name: str, max: int, after: int) -> tuple[list[QueueEntry], bool]: ...
+    def _list(self, name: str, max: int, after: int) -> tuple[builtins.list[QueueEntry], bool]: ...
 
     @abc.abstractmethod
     def _remove(self, name: str, up_to: int) -> int: ...
 
     @abc.abstractmethod
-    def _remove_markers(self, name: str, seqs: list[int]) -> int: ...
+    def _remove_markers(self, name: str, seqs: builtins.list[int]) -> int: ...
 
     @abc.abstractmethod
-    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int: ...
+    def _set_aside(self, name: str, items: builtins.list[tuple[int, bytes]], reason: str, now: float) -> int: ...
 
     @abc.abstractmethod
     def _stats(self, name: str, now: float) -> QueueStats: ...
@@ -448,7 +449,7 @@ class QueueStore(abc.ABC):
     def _dead_letter(self, name: str, marker: str, data: bytes, reason: str, now: float) -> bool: ...
 
     @abc.abstractmethod
-    def _list_dead_letters(self, name: str | None, max: int) -> list[DeadLetter]: ...
+    def _list_dead_letters(self, name: str | None, max: int) -> builtins.list[DeadLetter]: ...
 
     @abc.abstractmethod
     def _purge_dead_letters(self, name: str | None) -> int: ...

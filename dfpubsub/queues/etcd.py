@@ -33,7 +33,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -338,7 +338,7 @@ class EtcdQueues(QueueStore):
     def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int:
         return self._remove_exact(name, items, (reason, now))
 
-    def _remove_exact(self, name: str, items: list[tuple[int, bytes | None]],
+    def _remove_exact(self, name: str, items: Sequence[tuple[int, bytes | None]],
                       dead: tuple[str, float] | None) -> int:
         """Delete the entries of ``items`` that exist (and with ``dead`` record them as dead letters)
         page by page, each page one compare-and-set of the state: every entry deletion changes the

@@ -236,7 +236,7 @@ class SqliteQueues(QueueStore):
     def _reserve(self, name: str, size: int, now: float) -> str:
         args = {"id": os.urandom(8).hex(), "size": size, "now": now, "name": name}
         if self._run(lambda c: c.execute(_RESERVE, args).rowcount):
-            return args["id"]
+            return str(args["id"])
         return self._reserve_rows(name, [args], now)[0]
 
     def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]:
@@ -380,10 +380,10 @@ class SqliteQueues(QueueStore):
                 raise QueueNotFound(f"no queue {name!r}")
             return row
 
-        *counters, owner, until = self._tx(run)
+        entries, size, reservations, reserved, max_bytes, max_entries, owner, until = self._tx(run)
         if owner is None or until < now:
             owner = until = None
-        return QueueStats(*counters, owner, until)
+        return QueueStats(entries, size, reservations, reserved, max_bytes, max_entries, owner, until)
 
     # -- leases ---------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import builtins
 import re
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -80,17 +81,17 @@ class Store(abc.ABC):
         self._check(table, key)
         return self._get(table, key)
 
-    def list(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
+    def list(self, table: str | None = None, topic: str | None = None) -> builtins.list[VersionedObject]:
         """Objects of ``table`` (all tables if None), optionally only of ``topic``."""
         if table is not None:
             self._check(table)
         return self._list(table, None if topic is None else {topic})
 
-    def list_topics(self, topics: Iterable[str]) -> list[VersionedObject]:
+    def list_topics(self, topics: Iterable[str]) -> builtins.list[VersionedObject]:
         """Objects of every table whose topic is in ``topics`` (what a resync reads)."""
         return self._list(None, set(topics))
 
-    def list_versions(self, topics: Iterable[str]) -> list[ObjectVersion]:
+    def list_versions(self, topics: Iterable[str]) -> builtins.list[ObjectVersion]:
         """Identity and version of every object of ``topics``, without values.
 
         What a catch-up from a snapshot reads (docs/pipeline.md): much less
@@ -100,7 +101,7 @@ class Store(abc.ABC):
         """
         return self._list_versions(set(topics))
 
-    def list_at(self, topics: Iterable[str]) -> tuple[list[VersionedObject], int]:
+    def list_at(self, topics: Iterable[str]) -> tuple[builtins.list[VersionedObject], int]:
         """:meth:`list_topics`, and the store revision the listing reflects.
 
         Every write up to that revision is in the listing (a listing read over
@@ -110,13 +111,13 @@ class Store(abc.ABC):
         topics = set(topics)
         return self._list_at(topics) if topics else ([], 0)
 
-    def list_versions_at(self, topics: Iterable[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+    def list_versions_at(self, topics: Iterable[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:
         """:meth:`list_versions` as plain (topic, table, key, version) tuples, and the store
         revision the listing reflects (as for :meth:`list_at`)."""
         topics = set(topics)
         return self._list_versions_at(topics) if topics else ([], 0)
 
-    def get_many(self, refs: Iterable[tuple[str, str]]) -> list[VersionedObject]:
+    def get_many(self, refs: Iterable[tuple[str, str]]) -> builtins.list[VersionedObject]:
         """The objects of ``refs`` ((table, key) pairs) that exist, in no particular order."""
         refs = list(refs)
         for table, key in refs:
@@ -161,7 +162,7 @@ class Store(abc.ABC):
         """The store's revision now: a reader starting here sees only later writes."""
         return self._feed_head()
 
-    def read_feed(self, after: int, limit: int = DEFAULT_BATCH) -> list[FeedEntry]:
+    def read_feed(self, after: int, limit: int = DEFAULT_BATCH) -> builtins.list[FeedEntry]:
         """Up to ``limit`` feed entries with revisions above ``after``, oldest first, without waiting.
 
         :class:`~dfpubsub.errors.HistoryGone` if some of them were dropped.
@@ -188,7 +189,7 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Release connections."""
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -227,19 +228,19 @@ class Store(abc.ABC):
     def _get(self, table: str, key: str) -> VersionedObject | None: ...
 
     @abc.abstractmethod
-    def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]: ...
+    def _list(self, table: str | None, topics: set[str] | None) -> builtins.list[VersionedObject]: ...
 
-    def _list_versions(self, topics: set[str]) -> list[ObjectVersion]:
+    def _list_versions(self, topics: set[str]) -> builtins.list[ObjectVersion]:
         return [ObjectVersion(*row) for row in self._list_versions_at(topics)[0]] if topics else []
 
     @abc.abstractmethod
-    def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]: ...
+    def _list_at(self, topics: set[str]) -> tuple[builtins.list[VersionedObject], int]: ...
 
     @abc.abstractmethod
-    def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+    def _list_versions_at(self, topics: set[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:
         """Leaves the values on the server."""
 
-    def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+    def _get_many(self, refs: builtins.list[tuple[str, str]]) -> builtins.list[VersionedObject]:
         """Backends override this to read many objects per round trip."""
         return [o for o in (self._get(t, k) for t, k in refs) if o is not None]
 
@@ -263,7 +264,7 @@ class Store(abc.ABC):
     def _feed_head(self) -> int: ...
 
     @abc.abstractmethod
-    def _read_feed(self, after: int, limit: int, wait: float) -> tuple[list[FeedEntry], int]:
+    def _read_feed(self, after: int, limit: int, wait: float) -> tuple[builtins.list[FeedEntry], int]:
         """Entries after ``after`` (waiting up to ``wait`` s for one) and the last revision they
         cover, foreign entries skipped included (``after`` if none)."""
 
@@ -286,27 +287,27 @@ class AsyncStore:
         """See :meth:`Store.get`."""
         return await asyncio.to_thread(self.store.get, table, key)
 
-    async def list(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
+    async def list(self, table: str | None = None, topic: str | None = None) -> builtins.list[VersionedObject]:
         """See :meth:`Store.list`."""
         return await asyncio.to_thread(self.store.list, table, topic)
 
-    async def list_topics(self, topics: Iterable[str]) -> list[VersionedObject]:
+    async def list_topics(self, topics: Iterable[str]) -> builtins.list[VersionedObject]:
         """See :meth:`Store.list_topics`."""
         return await asyncio.to_thread(self.store.list_topics, list(topics))
 
-    async def list_versions(self, topics: Iterable[str]) -> list[ObjectVersion]:
+    async def list_versions(self, topics: Iterable[str]) -> builtins.list[ObjectVersion]:
         """See :meth:`Store.list_versions`."""
         return await asyncio.to_thread(self.store.list_versions, list(topics))
 
-    async def list_at(self, topics: Iterable[str]) -> tuple[list[VersionedObject], int]:
+    async def list_at(self, topics: Iterable[str]) -> tuple[builtins.list[VersionedObject], int]:
         """See :meth:`Store.list_at`."""
         return await asyncio.to_thread(self.store.list_at, list(topics))
 
-    async def list_versions_at(self, topics: Iterable[str]) -> tuple[list[tuple[str, str, str, int]], int]:
+    async def list_versions_at(self, topics: Iterable[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:
         """See :meth:`Store.list_versions_at`."""
         return await asyncio.to_thread(self.store.list_versions_at, list(topics))
 
-    async def get_many(self, refs: Iterable[tuple[str, str]]) -> list[VersionedObject]:
+    async def get_many(self, refs: Iterable[tuple[str, str]]) -> builtins.list[VersionedObject]:
         """See :meth:`Store.get_many`."""
         return await asyncio.to_thread(self.store.get_many, list(refs))
 

@@ -221,7 +221,8 @@ class EtcdStore(Store):
         with self._lock:
             if channel is self._channel:
                 self._channel = self._kv = None
-                channel.close()
+                if channel is not None:
+                    channel.close()
                 self._endpoint = (self._endpoint + 1) % len(self._endpoints)
         return StoreUnavailable(f"etcd at {where} is unavailable: {details}")
 

@@ -45,9 +45,9 @@ _MAX_MESSAGE = 64 << 20  # one revision's events carry whole values: gRPC's 4 Mi
 class EtcdFeedReader(FeedReader):
     """A watch of ``store``'s objects and topics from ``after + 1``."""
 
-    store: "EtcdStore"
+    store: EtcdStore
 
-    def __init__(self, store: "EtcdStore", after: int):
+    def __init__(self, store: EtcdStore, after: int):
         super().__init__(store, after)
         self._queue: queue.Queue[Any] = queue.Queue(_QUEUED)
         self._stop = threading.Event()
@@ -141,7 +141,7 @@ def _requeued(first: Exception) -> queue.Queue[Any]:
     return q
 
 
-def _entries(store: "EtcdStore", events: Any) -> list[tuple[int, FeedEntry | None]]:
+def _entries(store: EtcdStore, events: Any) -> list[tuple[int, FeedEntry | None]]:
     """(revision, entry or None for a foreign key) per revision of ``events``, in order."""
     by_revision: dict[int, list[Any]] = {}
     for event in events:
@@ -157,7 +157,7 @@ def _entries(store: "EtcdStore", events: Any) -> list[tuple[int, FeedEntry | Non
     return out
 
 
-def _entry(store: "EtcdStore", revision: int, value: Any, topic_event: Any) -> FeedEntry | None:
+def _entry(store: EtcdStore, revision: int, value: Any, topic_event: Any) -> FeedEntry | None:
     try:
         table, _, key = value.kv.key[len(store._root):].decode().partition("/")
     except UnicodeDecodeError:

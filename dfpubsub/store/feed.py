@@ -91,7 +91,7 @@ class FeedReader:
     foreign); save it to resume. Not thread-safe: one reader per thread.
     """
 
-    def __init__(self, store: "Store", after: int):
+    def __init__(self, store: Store, after: int):
         self.store = store
         self.position = after
 

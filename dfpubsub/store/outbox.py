@@ -61,7 +61,7 @@ def same_place(backend: str, location: str, other_backend: str, other_location: 
     return bool(location) and backend == other_backend and location == other_location
 
 
-class Outbox(abc.ABC):
+class Outbox(abc.ABC):  # noqa: B024 - a base of the backends' outboxes, never built itself
     """Entries to append, each ``(queue, body)``, atomically with one store write.
 
     ``backend`` and ``location`` say which store can run it (a store refuses

@@ -41,10 +41,19 @@ import redis
 from redis.commands.core import Script
 
 from .. import foreign
-from ..errors import (AlreadyExists, ConfigError, ForeignRecord, HistoryGone, NotFound, QueueFull, StoreUnavailable,
-                      VersionConflict, WriteOutcomeUnknown)
-from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
+from ..errors import (
+    AlreadyExists,
+    ConfigError,
+    ForeignRecord,
+    HistoryGone,
+    NotFound,
+    QueueFull,
+    StoreUnavailable,
+    VersionConflict,
+    WriteOutcomeUnknown,
+)
 from ..events import VersionedObject
+from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .feed import FeedEntry, FeedRetention, parse_entry
 from .outbox import Outbox, RedisOutbox
@@ -533,11 +542,11 @@ class RedisStore(Store):
 
     def _compact_feed(self, retention: FeedRetention) -> int:
         c = self._connect()
-        cutoff, start = time.time() - retention.max_age, "-"
+        cutoff, start = time.time() - retention.max_age, b"-"
         with self._errors("compact the feed"):
             removed = int(c.r.xtrim(self._feed, maxlen=retention.max_entries, approximate=False))
             while True:  # the oldest entry young enough to keep, in pages from the oldest
-                page = c.r.xrange(self._feed, start, "+", count=_CHUNK)
+                page = cast("list[tuple[bytes, dict[bytes, bytes]]]", c.r.xrange(self._feed, start, "+", count=_CHUNK))
                 young = next((eid for eid, f in page if _float(f.get(b"s")) >= cutoff), None)
                 if young is not None or len(page) < _CHUNK:
                     break

@@ -71,7 +71,7 @@ class RedisStreamsOptions(BaseModel):
     timeout: float = Field(5.0, gt=0, description="Socket connect and read timeout, seconds.")
 
     @model_validator(mode="after")
-    def _check(self) -> "RedisStreamsOptions":
+    def _check(self) -> RedisStreamsOptions:
         if self.block_ms >= self.timeout * 1000:
             raise ValueError("block_ms must be shorter than timeout")
         return self

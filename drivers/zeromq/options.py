@@ -40,7 +40,7 @@ class ZmqOptions(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "ZmqOptions":
+    def _check(self) -> ZmqOptions:
         if self.heartbeat_ivl and self.heartbeat_timeout <= self.heartbeat_ivl:
             raise ValueError("heartbeat_timeout must be longer than heartbeat_ivl")
         for name in ("curve_secret_key", "curve_server_key", "curve_client_secret_key"):

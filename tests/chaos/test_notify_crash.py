@@ -12,11 +12,11 @@ import subprocess
 import sys
 
 import pytest
+from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub.faults import CRASH_ENV
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
-from dfpubsub.tools.webhook import WebhookReceiver
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import delivered_keys, enqueue, enqueue_raw, make_topic, wait_drained
 

@@ -12,12 +12,11 @@ import socket
 import subprocess
 import sys
 
-
 import pytest
+from dfpubsub.tools.df_db.items import parse_items
 
 from dfpubsub.config import load_settings
 from dfpubsub.errors import ConfigError, InputError
-from dfpubsub.tools.df_db.items import parse_items
 
 BIN = os.path.dirname(sys.executable)
 PIPELINE = "df-pipeline audit --log x --out y"

@@ -10,15 +10,19 @@ import grpc
 import msgpack
 import pytest
 from aetcd import rpc
+from dfpubsub.drivers.etcd_watch import EtcdWatchDriver
+from dfpubsub.tools.servers import free_port
 
 from dfpubsub import (
-    ClosedError, ConfigError, Publisher, PublisherOptions, TransportError,
+    ClosedError,
+    ConfigError,
+    Publisher,
+    PublisherOptions,
+    TransportError,
 )
 from dfpubsub.api import SubscriberTransport
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event
-from dfpubsub.drivers.etcd_watch import EtcdWatchDriver
 from dfpubsub.metrics import Stats
-from dfpubsub.tools.servers import free_port
 from tests.conftest import wait_for
 from tests.functional.sink_helpers import RecordingSink
 

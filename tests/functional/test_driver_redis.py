@@ -9,9 +9,10 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
+from dfpubsub.drivers.redis_streams import RedisStreamsDriver  # noqa: E402
+
 from dfpubsub import ClosedError, ConfigError, Publisher, PublisherOptions  # noqa: E402
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event  # noqa: E402
-from dfpubsub.drivers.redis_streams import RedisStreamsDriver  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 from tests.functional.sink_helpers import RecordingSink  # noqa: E402

@@ -12,6 +12,7 @@ import msgpack
 import pytest
 import redis as redis_py
 from aetcd import rpc
+from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub import Controller, Publisher, PublisherOptions, SubscriberOptions, load_driver
 from dfpubsub.errors import ForeignRecord
@@ -23,7 +24,6 @@ from dfpubsub.notify.producer import Notifier
 from dfpubsub.queues import open_queues, shard_for
 from dfpubsub.store import open_store
 from dfpubsub.store.etcd import _txn
-from dfpubsub.tools.webhook import WebhookReceiver
 from tests.conftest import wait_for
 from tests.functional.df_db_helpers import base_env, df_db
 from tests.functional.notify_helpers import delivered_keys, delivery, make_topic, wait_drained
@@ -310,7 +310,7 @@ def test_a_queue_entry_of_the_wrong_shape_is_set_aside_and_delivery_goes_on(shar
     registry = NotificationRegistry(queues, cache_ttl=0.0)
     r = redis_py.Redis.from_url(shared_redis.url)
     with WebhookReceiver() as webhook:
-        topic = make_topic(registry, "orders", webhook.url, shards=1)
+        make_topic(registry, "orders", webhook.url, shards=1)
         registry.put_configuration(NotificationConfig("all", "port", "orders"))
         store = open_store(shared_redis.url, ["port"], prefix=prefix)
         api = NbApi(store, None, Notifier(registry, queues))

@@ -6,21 +6,20 @@ import subprocess
 import sys
 from collections import defaultdict
 
-import pytest
+from dfpubsub.tools.servers import free_port
+from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
-from dfpubsub.tools.servers import free_port
-from dfpubsub.tools.webhook import WebhookReceiver
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import (
     delivered_keys,
     delivery,
     enqueue,
     make_topic,
-    queues,  # noqa: F401 - the fixture
     owns_all,
     pending,
+    queues,  # noqa: F401 - the fixture
     wait_drained,
 )
 

@@ -4,10 +4,10 @@ and its retry counts survive a takeover (SQLite, Redis, etcd)."""
 import time
 
 import pytest
-
-from dfpubsub.notify import NotificationRegistry
 from dfpubsub.tools.servers import free_port
 from dfpubsub.tools.webhook import WebhookReceiver
+
+from dfpubsub.notify import NotificationRegistry
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import (
     delivered_keys,
@@ -15,9 +15,9 @@ from tests.functional.notify_helpers import (
     enqueue,
     enqueue_raw,
     make_topic,
-    queues,  # noqa: F401 - the fixture
     owns_all,
     pending,
+    queues,  # noqa: F401 - the fixture
     reopen,
     wait_drained,
 )

@@ -2,9 +2,10 @@
 
 import time
 
+from dfpubsub.tools.webhook import HungWebhook, WebhookReceiver
+
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
-from dfpubsub.tools.webhook import HungWebhook, WebhookReceiver
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import (
     delivered_keys,

@@ -2,11 +2,11 @@
 in the middle of a batch, stalls no shard; every committed notification is delivered."""
 
 import pytest
+from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub import faults
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
-from dfpubsub.tools.webhook import WebhookReceiver
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import delivered_keys, delivery, enqueue, make_topic, wait_drained
 

@@ -225,6 +225,7 @@ def test_worker_ingress_hands_over_views_that_the_publisher_relays_without_copyi
     from dfpubsub.drivers.zeromq.options import ZmqOptions
     from dfpubsub.drivers.zeromq.publisher import ZmqPublisher
     from dfpubsub.drivers.zeromq.workers import WorkerIngress
+
     from dfpubsub.metrics import Stats
 
     stats = Stats("publisher_service", "t")

@@ -1,6 +1,5 @@
 from dfpubsub.cache import VersionedCache
-from dfpubsub.events import VersionedObject
-from dfpubsub.events import Action, Event
+from dfpubsub.events import Action, Event, VersionedObject
 
 
 def ev(action, version, key="k", value=None, topic="t"):

@@ -19,13 +19,13 @@ from unittest import mock
 
 import msgpack
 import pytest
+from dfpubsub.tools.protocol_vectors import render
 
 from dfpubsub import Subscriber, SubscriberOptions, codec, load_driver
 from dfpubsub.codec import decode, decode_events, decode_header
 from dfpubsub.errors import DecodeError
 from dfpubsub.events import CONTROL_TOPIC, Bye, EventBatch, Hello
 from dfpubsub.metrics import Stats
-from dfpubsub.tools.protocol_vectors import render
 from dfpubsub.tracker import SequenceTracker
 from tests.conftest import wait_for
 

@@ -2,13 +2,11 @@
 
 import itertools
 import threading
-
 import time
 
 import pytest
 
 from dfpubsub import (
-    VersionedObject,
     ClosedError,
     InvalidEvent,
     PayloadTooLarge,
@@ -17,6 +15,7 @@ from dfpubsub import (
     Subscriber,
     SubscriberOptions,
     VersionedCache,
+    VersionedObject,
     load_driver,
 )
 from dfpubsub.faults import LossyTransport, drop_nth

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dfpubsub.store import Store, open_store
 from dfpubsub.tools.servers import EtcdServer, RedisServer
+
+from dfpubsub.store import Store, open_store
 
 __all__ = ["bench_store"]
 

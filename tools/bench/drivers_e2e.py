@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-
 from dfpubsub.tools.bench.e2e import KEYS, TABLE, TOPICS, VALUE, DriverSpec, run_phase
 from dfpubsub.tools.servers import EtcdServer, RedisServer
 

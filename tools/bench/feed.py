@@ -31,13 +31,14 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from dfpubsub.tools.bench.backends import bench_store
+
 from dfpubsub.feed_publisher import FeedPublisher
 from dfpubsub.metrics import Stats
 from dfpubsub.publisher import Publisher, PublisherOptions
 from dfpubsub.registry import load_driver
 from dfpubsub.store import Store, open_store, sqlite_path
 from dfpubsub.subscriber import Subscriber
-from dfpubsub.tools.bench.backends import bench_store
 
 TABLES = ["port"]
 VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"], "status": "ACTIVE",

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import msgpack
+from dfpubsub.tools.bench.backends import bench_store
 
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
@@ -33,7 +34,6 @@ from dfpubsub.notify.producer import Notifier
 from dfpubsub.publisher import Publisher
 from dfpubsub.registry import load_driver
 from dfpubsub.store import Store, sqlite_path
-from dfpubsub.tools.bench.backends import bench_store
 
 TABLES = ["port"]
 VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"], "status": "ACTIVE",

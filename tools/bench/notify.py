@@ -31,14 +31,15 @@ import sys
 import tempfile
 from typing import Any
 
-from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
-from dfpubsub.notify.producer import Notifier
-from dfpubsub.queues import QueueStore, open_queues
-from dfpubsub.store import Store
 from dfpubsub.tools.bench.backends import bench_store
 from dfpubsub.tools.bench.nb_write import TABLES, VALUE, nbapi_rate
 from dfpubsub.tools.bench.notify_delivery import delivery_rate
 from dfpubsub.tools.bench.notify_isolation import isolation_p99
+
+from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
+from dfpubsub.notify.producer import Notifier
+from dfpubsub.queues import QueueStore, open_queues
+from dfpubsub.store import Store
 
 __all__ = ["write_ratios", "main"]
 

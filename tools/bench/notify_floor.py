@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+from dfpubsub.tools.bench.nb_write import VALUE
+from dfpubsub.tools.servers import RedisServer
 
 from dfpubsub.queues.sqlite import _APPEND as APPEND
 from dfpubsub.queues.sqlite import _SCHEMA as QUEUE_SCHEMA
-from dfpubsub.store.sqlite import _SCHEMA as STORE_SCHEMA
 from dfpubsub.store.redis import _UPDATE as REDIS_UPDATE
+from dfpubsub.store.sqlite import _SCHEMA as STORE_SCHEMA
 from dfpubsub.store.sqlite import _UPDATE as STORE_UPDATE
-from dfpubsub.tools.bench.nb_write import VALUE
-from dfpubsub.tools.servers import RedisServer
 
 __all__ = ["main"]
 

@@ -18,11 +18,12 @@ import statistics
 import tempfile
 import time
 
+from dfpubsub.tools.webhook import HungWebhook, WebhookReceiver
+
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
 from dfpubsub.notify.notification import encode, make_notification
 from dfpubsub.queues import QueueStore, open_queues, shard_for
-from dfpubsub.tools.webhook import HungWebhook, WebhookReceiver
 
 __all__ = ["isolation_p99"]
 

@@ -34,11 +34,6 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
-from dfpubsub.config import load_settings
-from dfpubsub.factory import create_publisher
-from dfpubsub.metrics import Stats
-from dfpubsub.registry import load_driver
-from dfpubsub.subscriber import Subscriber, SubscriberOptions
 from dfpubsub.tools.bench.e2e import (
     CONNECT_TIMEOUT,
     EVENT_BYTES,
@@ -54,6 +49,12 @@ from dfpubsub.tools.bench.e2e import (
     warm_up,
 )
 from dfpubsub.tools.servers import free_port
+
+from dfpubsub.config import load_settings
+from dfpubsub.factory import create_publisher
+from dfpubsub.metrics import Stats
+from dfpubsub.registry import load_driver
+from dfpubsub.subscriber import Subscriber, SubscriberOptions
 
 DIRECT = DriverSpec("zmq+tcp://127.0.0.1:*", "zmq", {"sndhwm": HWM, "rcvhwm": HWM}, connect=True)
 

@@ -29,12 +29,13 @@ import tempfile
 import time
 from typing import Any
 
+from dfpubsub.tools.bench.backends import bench_store
+
 from dfpubsub.controller import Controller
 from dfpubsub.metrics import Stats
 from dfpubsub.registry import load_driver
 from dfpubsub.relist import relist
 from dfpubsub.store import Store
-from dfpubsub.tools.bench.backends import bench_store
 
 TABLES = ["port", "network"]
 VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"], "status": "ACTIVE",

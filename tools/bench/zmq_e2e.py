@@ -33,7 +33,6 @@ from typing import Any
 
 import msgpack
 import zmq
-
 from dfpubsub.tools.bench.e2e import (
     CONNECT_TIMEOUT,
     EVENT_BYTES,
