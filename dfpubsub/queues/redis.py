@@ -154,7 +154,7 @@ for i = 2, #ARGV, step do
   local row = redis.call('XRANGE', KEYS[2], ARGV[i], ARGV[i])
   if #row > 0 then
     n = n + 1
-    freed = freed + string.len(row[1][2][4])
+    freed = freed + string.len(row[1][2][4] or '')  -- a foreign entry has no data
     redis.call('XDEL', KEYS[2], ARGV[i])
     if step == 3 then redis.call('HSETNX', KEYS[3], ARGV[i + 1], ARGV[i + 2]) end
   end
