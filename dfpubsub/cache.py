@@ -67,8 +67,10 @@ class VersionedCache:
 
     def get(self, table: str, key: str) -> VersionedObject | None:
         """The live object, or None if absent or deleted."""
-        with self._lock:
-            return self._objects.get((table, key))
+        # No lock: one dict lookup is atomic, and reconcilers on worker threads call this for
+        # every key while the dispatch thread applies events under the lock; contending for it
+        # cost a GIL hand-off per key (a third of a queued reconcile, tools/bench/controller.py).
+        return self._objects.get((table, key))
 
     def version(self, table: str, key: str) -> int:
         """Version of the object or its tombstone; 0 when unknown."""
