@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import NoReturn
 
 from .errors import ConfigError, DfPubSubError
 
-__all__ = ["console_main", "one_line", "ArgumentParser"]
+__all__ = ["console_main", "one_line", "ArgumentParser", "stop_on_signals", "close_all"]
 
 log = logging.getLogger("dfpubsub.console")
 
@@ -64,3 +66,20 @@ def _fail(prog: str, exc: BaseException, status: int, message: str) -> int:
     log.debug("%s failed", prog, exc_info=exc)
     print(f"{prog}: {message}", file=sys.stderr)
     return status
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set: a daemon's main loop runs until it is set, then
+    stops gracefully (drain, bye, release leases)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def close_all(*closables: object) -> None:
+    """Close each of ``closables`` that was opened (not None), in the order given: a daemon
+    lists them last opened first, so it unregisters before its publisher says bye."""
+    for closable in closables:
+        if closable is not None:
+            closable.close()  # type: ignore[attr-defined]

@@ -15,12 +15,11 @@ SIGTERM: finish the batch in hand, save the position, unregister, say bye, exit 
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import sys
-import threading
 
 from dfpubsub.config import parse_settings
+from dfpubsub.console import close_all, console_main, stop_on_signals
 from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
 from dfpubsub.errors import ConfigError, DfPubSubError
 from dfpubsub.factory import create_publisher
@@ -33,6 +32,7 @@ from dfpubsub.publisher import Publisher
 log = logging.getLogger("df-feed")
 
 
+@console_main("df-feed")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-feed``."""
     settings = parse_settings("df-feed", __doc__.split("\n")[0], argv,
@@ -54,26 +54,17 @@ def main(argv: list[str] | None = None) -> int:
             announcer = PublisherAnnouncer(discovery, publisher, advertise_host=fs.advertise_host or None)
     except DfPubSubError as exc:
         log.error("cannot start", extra={"error": str(exc)})
-        _close(announcer, discovery, feed, publisher, store)
+        close_all(announcer, discovery, feed, publisher, store)
         return 1
     start_metrics_server(settings.metrics.port, settings.metrics.addr)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     log.info("feed publisher starting", extra={"publisher": name, "id": publisher.id, "position": feed.position,
                                                "uri": publisher.transport.uri})
     feed.run(stop)
     log.info("feed publisher stopping", extra={"publisher": name, "position": feed.position,
                                                "published": publisher.stats.get("feed_published")})
-    _close(announcer, discovery, feed, publisher, store)
+    close_all(announcer, discovery, feed, publisher, store)
     return 0
-
-
-def _close(*closables: object) -> None:
-    """Close what was opened, last opened first (unregister before the publisher says bye)."""
-    for closable in closables:
-        if closable is not None:
-            closable.close()  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

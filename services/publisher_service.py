@@ -17,13 +17,11 @@ exit 0.
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import sys
-import threading
 
 from dfpubsub.config import parse_settings
-from dfpubsub.console import console_main
+from dfpubsub.console import close_all, console_main, stop_on_signals
 from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.factory import create_driver
@@ -58,24 +56,15 @@ def main(argv: list[str] | None = None) -> int:
                                            advertise_host=settings.publisher_service.advertise_host or None)
     except DfPubSubError as exc:
         log.error("cannot start", extra={"error": str(exc)})
-        for closable in (announcer, discovery, ingress, egress):
-            if closable is not None:
-                closable.close()
+        close_all(announcer, discovery, ingress, egress)
         return 1
     start_metrics_server(settings.metrics.port, settings.metrics.addr)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     log.info("publisher service starting", extra={"service": name, "workers": ingress.uri, "subscribers": egress.uri,
                                                   "id": relay.id})
     relay.run(stop, settings.publisher_service.drain_timeout)
     log.info("publisher service stopping", extra={"service": name, "relayed": stats.get("envelopes_relayed")})
-    if announcer is not None:
-        announcer.close()
-    if discovery is not None:
-        discovery.close()
-    ingress.close()
-    egress.close()
+    close_all(announcer, discovery, ingress, egress)
     return 0
 
 

@@ -8,21 +8,21 @@ problem (exit 2) or the effective settings as JSON (exit 0).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from dfpubsub import __version__
 from dfpubsub.config import add_config_arguments, settings_from_args
-from dfpubsub.errors import ConfigError
+from dfpubsub.console import ArgumentParser, console_main
 from dfpubsub.sample_config import render_sample
 
 __all__ = ["main"]
 
 
+@console_main("df-config")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-config``."""
-    parser = argparse.ArgumentParser(prog="df-config", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="df-config", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("sample", help="print the sample configuration (every setting, its default and help)")
@@ -31,12 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sample":
         sys.stdout.write(render_sample())
         return 0
-    try:
-        settings = settings_from_args(args)
-    except ConfigError as exc:
-        print(f"df-config: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(settings.model_dump(mode="json"), indent=2))
+    print(json.dumps(settings_from_args(args).model_dump(mode="json"), indent=2))
     return 0
 
 

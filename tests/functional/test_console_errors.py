@@ -37,7 +37,8 @@ def files(tmp_path_factory):
 # the console scripts call (setup.cfg), as starting Python per row would take a minute.
 CASES = [
     *((f"{script} --no-such-flag", {}, 2) for script in (
-        "df-controller", "df-notify", "df-publisher-service", "df-archiver", "df-db ls", "df-demo", PIPELINE)),
+        "df-controller", "df-notify", "df-publisher-service", "df-archiver", "df-db ls", "df-demo", PIPELINE,
+        "df-feed", "df-config check")),
     *((f"{script} --config {{files}}", {}, 2) for script in (
         "df-controller", "df-notify", "df-publisher-service", "df-archiver", "df-db")),
     ("df-db --config {files}/latin1.toml ls port", {}, 2),
@@ -45,6 +46,8 @@ CASES = [
     ("df-notify --config {files}/bad.toml", {}, 2),
     ("df-archiver --config {files}/nope.toml", {}, 2),
     ("df-publisher-service --config {files}/unknown.toml", {}, 2),
+    ("df-feed --config {files}/bad.toml", {}, 2),
+    ("df-config check --config {files}/latin1.toml", {}, 2),
     ("df-db ls port", {"DFPUBSUB_CONFIG": "{files}"}, 2),
     ("df-controller", {"DFPUBSUB_PUBSUB__MAX_IDLE_TIME": "soon"}, 2),
     ("df-db ls port", {"DFPUBSUB_STORE__URL": "etcd://127.0.0.1:99999"}, 2),
@@ -59,6 +62,7 @@ MAINS = {
     "df-controller": "dfpubsub.services.controller", "df-notify": "dfpubsub.services.notify",
     "df-publisher-service": "dfpubsub.services.publisher_service", "df-archiver": "dfpubsub.services.archiver",
     "df-db": "dfpubsub.tools.df_db", "df-demo": "dfpubsub.tools.demo", "df-pipeline": "dfpubsub.tools.pipeline",
+    "df-feed": "dfpubsub.services.feed", "df-config": "dfpubsub.tools.df_config",
 }
 
 
