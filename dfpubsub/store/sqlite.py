@@ -109,6 +109,8 @@ _WAKERS_LOCK = threading.Lock()
 def _waker(location: str) -> _Waker:
     with _WAKERS_LOCK:
         return _WAKERS.setdefault(location, _Waker())
+
+
 _NEXT_VERSION = "UPDATE nb_meta SET value = value + 1 WHERE name = 'revision' RETURNING value"
 # Creates and updates are one statement each: the version is the revision + 1, and
 # a trigger stores it back as the revision, atomically (a write statement holds the
