@@ -24,10 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .. import foreign
 from ..errors import QueueFull, QueueNotFound, ReservationNotFound
 from ..sqlite_client import SqliteDb, file_location
 from ..store.outbox import Outbox, SqliteOutbox, versioned
-from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, check_name, marker
+from .readback import foreign_entry, queue_meta
 
 __all__ = ["SqliteQueues"]
 
@@ -124,6 +126,61 @@ _STATS = """
 SELECT entries, bytes, reservations, reserved_bytes, max_bytes, max_entries, owner, owner_until
 FROM q_queues WHERE name = ?
 """
+# SQLite keeps whatever another writer put in a column (a TEXT expiry compares above every
+# number): a lease whose owner is not text or whose expiry is not a time is free to take.
+_LEASE_FREE = ("(owner IS NULL OR typeof(owner) != 'text' OR typeof(owner_until) NOT IN ('integer', 'real') "
+               "OR owner_until < :now OR owner_until > 1e12)")
+
+
+def _count(value: object) -> int:
+    """A counter or bound of a queue's row; a decoding error (foreign) otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"{value!r} is not a count")
+    return value
+
+
+def _time(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e12:
+        raise TypeError(f"{value!r} is not a time")
+    return float(value)
+
+
+def _info(name: str, max_bytes: object, max_entries: object, stale_after: object, created_at: object) -> QueueInfo:
+    return QueueInfo(name, _count(max_bytes), _count(max_entries), _time(stale_after), _time(created_at))
+
+
+def _stats_of(row: tuple, now: float) -> QueueStats:
+    entries, size, n, reserved, max_bytes, max_entries, owner, until = row
+    held: tuple[str | None, float | None] = (None, None)
+    lease = None if owner is None else foreign.decode("queue_lease", "q_queues.owner", _lease, owner, until)
+    if lease is not None and lease[1] >= now:
+        held = lease
+    return QueueStats(_count(entries), _count(size), _count(n), _count(reserved), _count(max_bytes),
+                      _count(max_entries), *held)
+
+
+def _lease(owner: object, until: object) -> tuple[str, float]:
+    if not isinstance(owner, str):
+        raise TypeError(f"lease owner {owner!r} is not text")
+    return owner, _time(until)
+
+
+def _entry(seq: object, data: object, at: object) -> QueueEntry:
+    if not isinstance(data, bytes):
+        raise TypeError(f"entry data is {type(data).__name__}, not bytes")
+    return QueueEntry(marker(_count(seq)), data, _time(at))
+
+
+def _dead_letter(queue: object, mk: object, data: object, reason: object, at: object) -> DeadLetter:
+    if not isinstance(mk, str) or not isinstance(data, bytes) or not isinstance(reason, str):
+        raise TypeError("a dead letter is (text marker, bytes, text reason)")
+    return DeadLetter(check_name(queue), mk, data, reason, _time(at))  # type: ignore[arg-type]
+
+
+def _record(name: object, data: object) -> tuple[str, bytes]:
+    if not isinstance(name, str) or not isinstance(data, bytes):
+        raise TypeError("a record is (text name, bytes)")
+    return name, data
 
 
 class _Refused(Exception):
@@ -219,13 +276,16 @@ class SqliteQueues(QueueStore):
         return self._tx(run)
 
     def _list_queues(self) -> list[str]:
-        return self._run(lambda c: [r[0] for r in c.execute("SELECT name FROM q_queues ORDER BY name")])
+        rows = self._run(lambda c: c.execute("SELECT name FROM q_queues ORDER BY name").fetchall())
+        names = (foreign.decode("queue_name", f"q_queues row {foreign.key_text(n)!r}", check_name, n)
+                 for n, in rows)
+        return [n for n in names if n is not None]
 
     def _queue_info(self, name: str) -> QueueInfo:
         row = self._run(lambda c: c.execute(_QUEUE, (name,)).fetchone())
         if row is None:
             raise QueueNotFound(f"no queue {name!r}")
-        return QueueInfo(name, *row)
+        return queue_meta(f"q_queues row {name!r}", _info, name, *row)
 
     # -- writers ---------------------------------------------------------------------------------
 
@@ -253,6 +313,7 @@ class SqliteQueues(QueueStore):
             row = conn.execute(_STATS, (name,)).fetchone()
             if row is None:
                 raise QueueNotFound(f"no queue {name!r}")
+            queue_meta(f"q_queues row {name!r}", _stats_of, row, now)  # a foreign bound refuses: say so
             raise QueueFull(name, "{} entries of {} bytes and {} reservations of {} bytes: no room for {} more "
                                   "of {} bytes within {} bytes and {} entries".format(
                                       *row[:4], len(rows), sum(r["size"] for r in rows), *row[4:6]))
@@ -337,7 +398,13 @@ class SqliteQueues(QueueStore):
             return rows
 
         rows = self._run(run)
-        return [QueueEntry(marker(seq), data, at) for seq, data, at in rows[:max]], len(rows) > max
+        out = []
+        for seq, data, at in rows[:max]:
+            try:
+                out.append(_entry(seq, data, at))
+            except foreign.DECODE_ERRORS as exc:
+                out.append(foreign_entry(marker(seq), f"q_entries row ({name!r}, {seq})", exc))
+        return out, len(rows) > max
 
     def _remove(self, name: str, up_to: int) -> int:
         def run(conn: sqlite3.Connection) -> int:
@@ -380,18 +447,16 @@ class SqliteQueues(QueueStore):
                 raise QueueNotFound(f"no queue {name!r}")
             return row
 
-        entries, size, reservations, reserved, max_bytes, max_entries, owner, until = self._tx(run)
-        if owner is None or until < now:
-            owner = until = None
-        return QueueStats(entries, size, reservations, reserved, max_bytes, max_entries, owner, until)
+        return queue_meta(f"q_queues row {name!r}", _stats_of, self._tx(run), now)
 
     # -- leases ---------------------------------------------------------------------------------------
 
     def _lock(self, name: str, owner: str, now: float, until: float) -> bool:
         def run(conn: sqlite3.Connection) -> bool:
             taken = conn.execute(
-                "UPDATE q_queues SET owner = ?, owner_until = ? WHERE name = ? "
-                "AND (owner IS NULL OR owner = ? OR owner_until < ?)", (owner, until, name, owner, now)).rowcount
+                f"UPDATE q_queues SET owner = :owner, owner_until = :until WHERE name = :name "
+                f"AND (owner = :owner OR {_LEASE_FREE})",
+                {"owner": owner, "until": until, "name": name, "now": now}).rowcount
             if not taken:
                 self._require(conn, name)
             return bool(taken)
@@ -408,7 +473,8 @@ class SqliteQueues(QueueStore):
                                             (name,)).fetchone())
         if row is None:
             raise QueueNotFound(f"no queue {name!r}")
-        return None if row[0] is None or row[1] < now else (row[0], row[1])
+        lease = None if row[0] is None else foreign.decode("queue_lease", f"q_queues row {name!r}", _lease, *row)
+        return None if lease is None or lease[1] < now else lease
 
     # -- dead letters -------------------------------------------------------------------------------
 
@@ -429,7 +495,9 @@ class SqliteQueues(QueueStore):
         if name is not None:
             sql, args = sql + " WHERE queue = ?", (name, max)
         rows = self._run(lambda c: c.execute(sql + " ORDER BY queue, marker LIMIT ?", args).fetchall())
-        return [DeadLetter(*row) for row in rows]
+        letters = (foreign.decode("queue_dead_letter", f"q_dead_letters row ({foreign.key_text(row[0])!r}, "
+                                  f"{foreign.key_text(row[1])!r})", _dead_letter, *row) for row in rows)
+        return [letter for letter in letters if letter is not None]
 
     def _purge_dead_letters(self, name: str | None) -> int:
         if name is None:
@@ -444,11 +512,16 @@ class SqliteQueues(QueueStore):
     def _get_record(self, kind: str, name: str) -> bytes | None:
         row = self._run(lambda c: c.execute("SELECT data FROM q_records WHERE kind = ? AND name = ?",
                                             (kind, name)).fetchone())
-        return None if row is None else row[0]
+        record = None if row is None else foreign.decode(f"notify_{kind}", self.record_key(kind, name), _record,
+                                                         name, row[0])
+        return None if record is None else record[1]
 
     def _list_records(self, kind: str) -> dict[str, bytes]:
-        return dict(self._run(lambda c: c.execute("SELECT name, data FROM q_records WHERE kind = ? ORDER BY name",
-                                                  (kind,)).fetchall()))
+        rows = self._run(lambda c: c.execute("SELECT name, data FROM q_records WHERE kind = ? ORDER BY name",
+                                             (kind,)).fetchall())
+        records = (foreign.decode(f"notify_{kind}", self.record_key(kind, foreign.key_text(n)), _record, n, d)
+                   for n, d in rows)
+        return dict(r for r in records if r is not None)
 
     def _delete_record(self, kind: str, name: str) -> bool:
         return bool(self._run(lambda c: c.execute("DELETE FROM q_records WHERE kind = ? AND name = ?",

@@ -269,15 +269,22 @@ def test_foreign_notification_records_do_not_stop_writes_or_delivery(backend, tm
     queues.close()
 
 
-@pytest.mark.parametrize("backend", ["etcd", "redis"])
-def test_foreign_queue_metadata_is_named_and_the_other_queues_listed(backend, request):
-    server = request.getfixturevalue(f"shared_{backend}")
+@pytest.mark.parametrize("backend", ["sqlite", "etcd", "redis"])
+def test_foreign_queue_metadata_is_named_and_the_other_queues_listed(backend, request, tmp_path):
+    url = f"sqlite:///{tmp_path}/nb.sqlite" if backend == "sqlite" else request.getfixturevalue(
+        f"shared_{backend}").url
     prefix = f"frm{next(_n)}"
-    queues = open_queues(server.url, prefix=prefix)
+    queues = open_queues(url, **({} if backend == "sqlite" else {"prefix": prefix}))
     for name in ("a", "b", "c"):
         queues.create_queue(name)
-    if backend == "redis":
-        r = redis_py.Redis.from_url(server.url)
+    if backend == "sqlite":
+        raw = sqlite3.connect(f"{tmp_path}/nb.sqlite", isolation_level=None)
+        raw.execute("UPDATE q_queues SET max_bytes = 'lots' WHERE name = 'b'")
+        raw.execute("UPDATE q_queues SET entries = x'c1', created_at = 'x' WHERE name = 'c'")
+        raw.execute("INSERT INTO q_queues (name, max_bytes, max_entries, stale_after, created_at) "
+                    "VALUES (x'ff', 1, 1, 1, 1)")
+    elif backend == "redis":
+        r = redis_py.Redis.from_url(url)
         r.hset(f"{prefix}:q:m:b", "max_bytes", "lots")
         r.delete(f"{prefix}:q:m:c")
         r.set(f"{prefix}:q:m:c", "x")
@@ -296,33 +303,47 @@ def test_foreign_queue_metadata_is_named_and_the_other_queues_listed(backend, re
     assert queues.stats("a").entries == 0
     # A lease another writer left holds nothing: it is not shown, and the next owner takes it over.
     for until in ("never", "inf", "nan"):
-        if backend == "redis":
+        if backend == "sqlite":
+            raw.execute("UPDATE q_queues SET owner = 'ghost', owner_until = ? WHERE name = 'a'", (until,))
+        elif backend == "redis":
             r.hset(f"{prefix}:q:m:a", mapping={"owner": "ghost", "owner_until": until})
         else:
             conn._commit(_txn([], [rpc.PutRequest(key=queues._locks + b"a", value=msgpack.packb(["ghost", until]))]))
         assert queues.owner("a") is None and queues.stats("a").owner is None
         assert queues.lock("a", "w1", 10.0) and queues.owner("a")[0] == "w1"
         assert queues.unlock("a", "w1")
-    env = base_env(DFPUBSUB_STORE__URL=server.url, DFPUBSUB_STORE__PREFIX=prefix)
+    env = base_env(DFPUBSUB_STORE__URL=url, DFPUBSUB_STORE__PREFIX=prefix)
     listed = json.loads(df_db(env, "-o", "json", "queues", "list").stdout)
     assert [q["queue"] for q in listed["items"]] == ["a"] and len(listed["skipped"]) == 3
     queues.close()
 
 
-def test_a_queue_entry_of_the_wrong_shape_is_set_aside_and_delivery_goes_on(shared_redis):
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_a_queue_entry_of_the_wrong_shape_is_set_aside_and_delivery_goes_on(backend, request, tmp_path):
     prefix = f"fre{next(_n)}"
-    queues = open_queues(shared_redis.url, prefix=prefix)
+    if backend == "sqlite":
+        url, options = f"sqlite:///{tmp_path}/nb.sqlite", {}
+    else:
+        url, options = request.getfixturevalue("shared_redis").url, {"prefix": prefix}
+    queues = open_queues(url, **options)
     registry = NotificationRegistry(queues, cache_ttl=0.0)
-    r = redis_py.Redis.from_url(shared_redis.url)
     with WebhookReceiver() as webhook:
         make_topic(registry, "orders", webhook.url, shards=1)
         registry.put_configuration(NotificationConfig("all", "port", "orders"))
-        store = open_store(shared_redis.url, ["port"], prefix=prefix)
+        store = open_store(url, ["port"], **options)
         api = NbApi(store, None, Notifier(registry, queues))
         api.create("port", "before", 1)
         # Another writer appends an entry of its own shape, and keeps the queue's sequence with it.
-        r.xadd(f"{prefix}:q:e:orders", {"x": "y"}, id="2-0")
-        r.hset(f"{prefix}:q:m:orders", "seq", 2)
+        if backend == "sqlite":
+            raw = sqlite3.connect(f"{tmp_path}/nb.sqlite", isolation_level=None)
+            raw.execute("INSERT INTO q_entries VALUES ('orders', 2, '', 4, 'then', 'text')")
+            # and a dead letter and a notification record of its own
+            raw.execute("INSERT INTO q_dead_letters VALUES ('orders', 'x', 'why', 'never', 'text')")
+            raw.execute("INSERT INTO q_records VALUES ('topic', x'ff', 'text')")
+        else:
+            r = redis_py.Redis.from_url(url)
+            r.xadd(f"{prefix}:q:e:orders", {"x": "y"}, id="2-0")
+            r.hset(f"{prefix}:q:m:orders", "seq", 2)
         api.create("port", "after", 2)
         before = _skipped("queue_entry")
         worker = delivery(queues)
