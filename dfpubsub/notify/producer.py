@@ -55,7 +55,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..errors import DfPubSubError, InvalidEvent, InvalidValue, QueueFull, QueueNotFound, ReservationNotFound
+from ..errors import (
+    DfPubSubError,
+    ForeignRecord,
+    InvalidEvent,
+    InvalidValue,
+    QueueFull,
+    QueueNotFound,
+    ReservationNotFound,
+)
 from ..events import VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
@@ -405,6 +413,11 @@ class Notifier:
                 return self._lost(r, "expired", exc)
         except QueueNotFound as exc:
             return self._lost(r, "queue_gone", exc)
+        except ForeignRecord as exc:
+            # The shard turned foreign after these credits were taken: the next write's reservation
+            # must find out, before its store write, rather than spend another credit here.
+            self._drop_credits(r.queue)
+            return self._lost(r, "foreign_record", exc)
         except DfPubSubError as exc:
             return self._lost(r, type(exc).__name__, exc)
 

@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 #: Past any lease's expiry (Unix seconds): a larger one, or nan or inf, is another writer's.
 _MAX_UNTIL = 1e12
-_MISSING, _FULL = -1, -2  # script status codes; -3: unknown or expired reservation
+_MISSING, _FULL, _FOREIGN = -1, -2, -4  # script status codes; -3: unknown or expired reservation
 
 # int(): integers as Redis wants them. sweep(): drops the expired reservations at now.
 _LIB = """
@@ -59,19 +59,56 @@ local function sweep(meta, res, now)
   redis.call('HINCRBY', meta, 'reserved_bytes', int(-freed))
   return freed
 end
+local function count(x) return x and string.len(x) <= 15 and string.match(x, '^%d+$') ~= nil end
+-- The queue at meta, res (reservations), entries, read once and proved ours before the caller
+-- writes anything (a script is not rolled back when a call fails): nil when it does not exist,
+-- false plus the culprit's position (1 meta, 2 reservations, 3 entries) and why when something
+-- there is foreign, else its state, expired reservations swept.
+local function queue_read(meta, res, entries, now)
+  local m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq', 'stale_after')
+  if m.err then return false, 1, 'queue metadata is not a hash' end
+  if not m[1] then return nil end
+  for j = 1, 5 do
+    if not count(m[j]) then return false, 1, 'queue metadata has a field that is not a count' end
+  end
+  local stale_after = tonumber(m[6])
+  if not stale_after or stale_after ~= stale_after then return false, 1, 'queue stale_after is not a number' end
+  local len, last = 0, 0
+  local info = redis.pcall('XINFO', 'STREAM', entries)
+  if info.err then
+    if not string.find(info.err, 'no such key') then return false, 3, 'queue entries are not a stream' end
+  else
+    for j = 1, #info, 2 do
+      if info[j] == 'length' then len = info[j + 1] end
+      if info[j] == 'last-generated-id' then last = tonumber(string.match(info[j + 1], '^(%d+)')) end
+    end
+  end
+  if last > tonumber(m[5]) then return false, 3, 'queue entries hold an id past the queue sequence ' .. m[5] end
+  local t = redis.call('TYPE', res)['ok']
+  if t ~= 'zset' and t ~= 'none' then return false, 2, 'queue reservations are a ' .. t .. ', not a sorted set' end
+  local held, reserved = 0, tonumber(m[4])
+  if reserved > 0 then  -- else there are no reservations to count or sweep
+    reserved = reserved - sweep(meta, res, now)
+    held = redis.call('ZCARD', res)
+  end
+  return {max_bytes = tonumber(m[1]), max_entries = tonumber(m[2]), used = tonumber(m[3]) + reserved,
+          count = len + held, bytes = tonumber(m[3]), seq = tonumber(m[5]), reserved = reserved,
+          stale_after = stale_after}
+end
 """
 
 # KEYS: meta, reservations, entries, rid counter. ARGV: now, sizes... Returns ids, or a status.
 _RESERVE = _LIB + """
-local m = redis.call('HMGET', KEYS[1], 'max_bytes', 'max_entries', 'stale_after', 'bytes', 'reserved_bytes')
-if not m[1] then return -1 end
-local reserved = tonumber(m[5]) - sweep(KEYS[1], KEYS[2], ARGV[1])
+local q, culprit, why = queue_read(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
+if q == nil then return -1 end
+if q == false then return {-4, culprit, why} end
 local want, n = 0, #ARGV - 1
 for i = 2, #ARGV do want = want + tonumber(ARGV[i]) end
-if tonumber(m[4]) + reserved + want > tonumber(m[1])
-   or redis.call('XLEN', KEYS[3]) + redis.call('ZCARD', KEYS[2]) + n > tonumber(m[2]) then return -2 end
-local expires = tonumber(ARGV[1]) + tonumber(m[3])
-local last = redis.call('INCRBY', KEYS[4], n)
+if q.used + want > q.max_bytes or q.count + n > q.max_entries then return -2 end
+local expires = tonumber(ARGV[1]) + q.stale_after
+local last = redis.pcall('INCRBY', KEYS[4], n)
+if type(last) == 'table' then return {-4, 4, 'the reservation counter is not an integer'} end
+local reserved = q.reserved
 local ids, zadd = {}, {}
 for i = 1, n do
   local id = ARGV[i + 1] .. '.' .. int(last - n + i)
@@ -88,10 +125,10 @@ return ids
 # entries' sequence numbers, or {status, index of the culprit}. Expired reservations are swept
 # first, so they neither count nor commit.
 _COMMIT = _LIB + """
-local m = redis.call('HMGET', KEYS[1], 'max_bytes', 'bytes', 'reserved_bytes', 'seq')
-if not m[1] then return {-1, 0} end
-local reserved = tonumber(m[3]) - sweep(KEYS[1], KEYS[2], ARGV[1])
-local used = tonumber(m[2]) + reserved
+local q, culprit, why = queue_read(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
+if q == nil then return {-1, 0} end
+if q == false then return {-4, culprit, why} end
+local reserved, used = q.reserved, q.used
 local sizes = {}
 for i = 2, #ARGV, 2 do
   if not redis.call('ZSCORE', KEYS[2], ARGV[i]) then return {-3, i / 2} end
@@ -99,9 +136,9 @@ for i = 2, #ARGV, 2 do
   sizes[#sizes + 1] = size
   local len = string.len(ARGV[i + 1])
   used = used + len - size  -- a smaller entry frees room for a larger one after it
-  if len > size and used > tonumber(m[1]) then return {-2, i / 2} end
+  if len > size and used > q.max_bytes then return {-2, i / 2} end
 end
-local seq, added, out = tonumber(m[4]), 0, {}
+local seq, added, out = q.seq, 0, {}
 for i = 2, #ARGV, 2 do
   seq = seq + 1
   reserved = reserved - sizes[i / 2]
@@ -110,7 +147,7 @@ for i = 2, #ARGV, 2 do
   redis.call('XADD', KEYS[3], int(seq) .. '-0', 't', ARGV[1], 'd', ARGV[i + 1])
   out[#out + 1] = seq
 end
-redis.call('HSET', KEYS[1], 'seq', int(seq), 'bytes', int(tonumber(m[2]) + added), 'reserved_bytes', int(reserved))
+redis.call('HSET', KEYS[1], 'seq', int(seq), 'bytes', int(q.bytes + added), 'reserved_bytes', int(reserved))
 return out
 """
 
@@ -230,37 +267,11 @@ return n
 # anyone can see.
 _OUTBOX = _LIB + """
 local OB_N, ob = (#KEYS - KB) / 3, {}
-local function count(x) return x and string.len(x) <= 15 and string.match(x, '^%d+$') ~= nil end
--- The queue at KEYS[k + 1 .. k + 3], read once: nil when it does not exist, false plus the culprit
--- key's index and why when something there is foreign, else its state for the check and the append.
+-- queue_read of the queue at KEYS[k + 1 .. k + 3], with the culprit's index among all KEYS.
 local function outbox_read(k, now)
-  local meta, res = KEYS[k + 1], KEYS[k + 2]
-  local m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
-  if m.err then return false, k + 1, 'queue metadata is not a hash' end
-  if not m[1] then return nil end
-  for j = 1, 5 do
-    if not count(m[j]) then return false, k + 1, 'queue metadata has a field that is not a count' end
-  end
-  local len, last = 0, 0
-  local info = redis.pcall('XINFO', 'STREAM', KEYS[k + 3])
-  if info.err then
-    if not string.find(info.err, 'no such key') then return false, k + 3, 'queue entries are not a stream' end
-  else
-    for j = 1, #info, 2 do
-      if info[j] == 'length' then len = info[j + 1] end
-      if info[j] == 'last-generated-id' then last = tonumber(string.match(info[j + 1], '^(%d+)')) end
-    end
-  end
-  if last > tonumber(m[5]) then return false, k + 3, 'queue entries hold an id past the queue sequence ' .. m[5] end
-  local held, reserved = 0, tonumber(m[4])
-  if reserved > 0 then  -- else there are no reservations to count or sweep
-    local t = redis.call('TYPE', res)['ok']
-    if t ~= 'zset' and t ~= 'none' then return false, k + 2, 'queue reservations are a ' .. t .. ', not a sorted set' end
-    reserved = reserved - sweep(meta, res, now)
-    held = redis.call('ZCARD', res)
-  end
-  return {max_bytes = tonumber(m[1]), max_entries = tonumber(m[2]), used = tonumber(m[3]) + reserved,
-          count = len + held, bytes = tonumber(m[3]), seq = tonumber(m[5])}
+  local q, culprit, why = queue_read(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], now)
+  if q == false then return false, k + culprit, why end
+  return q
 end
 local function outbox_check()
   local now = ARGV[AB + 1]
@@ -410,6 +421,13 @@ class RedisQueues(QueueStore):
                 raise ForeignRecord(meta, "a key of the queue has the wrong Redis type") from exc
         return queue_meta(meta, decode, row)
 
+    def _foreign(self, name: str, res: list[Any]) -> ForeignRecord:
+        """The ForeignRecord (counted) of a script's {-4, culprit's position, why}: found before
+        the script wrote anything."""
+        key = [*self._keys(name, "m", "r", "e"), self._rid][res[1] - 1]
+        foreign.skip("queue_meta", key, "wrong_type", res[2].decode())
+        return ForeignRecord(key, res[2].decode())
+
     def _keys(self, name: str, *kinds: str) -> list[str]:
         return [f"{self._ns}{kind}:{name}" for kind in kinds]
 
@@ -453,6 +471,8 @@ class RedisQueues(QueueStore):
             res = c.scripts["reserve"](keys=[f"{ns}m:{name}", f"{ns}r:{name}", f"{ns}e:{name}", self._rid],
                                        args=[repr(now), *sizes])
         if res.__class__ is list:
+            if res and res[0] == _FOREIGN:
+                raise self._foreign(name, res)
             return [r.decode() for r in res]
         if res == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
@@ -472,6 +492,8 @@ class RedisQueues(QueueStore):
         status = res[0]
         if status > 0:
             return [marker(seq) for seq in res]
+        if status == _FOREIGN:
+            raise self._foreign(name, res)
         if status == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
         res_id, data = items[res[1] - 1]

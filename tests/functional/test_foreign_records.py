@@ -229,6 +229,38 @@ def test_a_write_a_foreign_queue_record_would_break_is_refused_before_it_changes
     assert api.notifier.stats.get("notifications_enqueued") >= 2
 
 
+def test_a_two_phase_write_next_to_a_foreign_shard_is_refused_before_the_store_write(shared_redis, tmp_path):
+    """The store on SQLite, the queues on Redis: no one script can do both, so the notification is
+    reserved before the store write and committed after it. The reservation proves the shard ours."""
+    prefix = f"frt{next(_n)}"
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", ["port"])
+    queues = open_queues(shared_redis.url, prefix=prefix)
+    registry = NotificationRegistry(queues)
+    topic = registry.create_topic(Topic("orders", "http://127.0.0.1:9/hook", persistent=True, shards=4))
+    registry.put_configuration(NotificationConfig("all", "port", "orders"))
+    api = NbApi(store, None, Notifier(registry, queues))
+    r = redis_py.Redis.from_url(shared_redis.url)
+    bad, good = registry.shard_names(topic)[1], registry.shard_names(topic)[2]
+    r.xadd(f"{prefix}:q:e:{bad}", {"x": "y"}, id="999999-0")
+    with pytest.raises(ForeignRecord) as refused:
+        api.create("port", _key_on(topic, bad), 1)
+    assert refused.value.key == f"{prefix}:q:e:{bad}"
+    assert store.get("port", _key_on(topic, bad)) is None
+    # A shard that turns foreign while this writer holds credits on it (reservations taken ahead):
+    # the write holding one stands and its notification is counted lost; the next one is refused.
+    made = api.create("port", _key_on(topic, good), 1)
+    assert store.get("port", _key_on(topic, good)) == made
+    r.hset(f"{prefix}:q:m:{good}", "seq", "abc")
+    lost = api.notifier.stats.get("notifications_lost", reason="foreign_record")
+    api.update("port", _key_on(topic, good), 2)
+    assert api.notifier.stats.get("notifications_lost", reason="foreign_record") == lost + 1
+    with pytest.raises(ForeignRecord):
+        api.update("port", _key_on(topic, good), 3)
+    assert store.get("port", _key_on(topic, good)).version == made.version + 1
+    store.close()
+    queues.close()
+
+
 # -- notification records, queue metadata, dead letters --------------------------------------------------
 
 @pytest.mark.parametrize("backend", ["sqlite", "etcd", "redis"])
