@@ -37,7 +37,7 @@ from .reconciler import DONE, REQUEUE, ObjectKey, Reconciler, Result, TableHandl
 from .registry import available_drivers, load_driver
 from .store import AsyncStore, Store, open_store
 from .subscriber import Subscriber, SubscriberOptions
-from .tracker import ResyncRequest, SequenceTracker
+from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
 
 __version__ = "0.1.0"
 
@@ -85,6 +85,7 @@ __all__ = [
     "PublisherTransport",
     "ResyncRequest",
     "SequenceTracker",
+    "TrackerLimits",
     "Settings",
     "Subscriber",
     "SubscriberOptions",

@@ -72,6 +72,19 @@ class PubSubSettings(_Section):
     resync_base_interval: float = Field(0.1, ge=0, description="Least seconds between two resyncs.")
     resync_max_interval: float = Field(5.0, gt=0, description="Most seconds of resync backoff.")
     dead_after_idles: float = Field(3.0, ge=2, description="A publisher silent this many max_idle_times is dead.")
+    max_publishers: int = Field(
+        10_000, ge=1, description="Publishers a subscriber tracks at once; beyond, the longest silent are "
+                                  "forgotten and their topics resynced (docs/security.md).")
+    max_held_bytes: int = Field(64 << 20, ge=1024, description="Bytes of envelopes a subscriber holds over all "
+                                                               "streams while gaps are open.")
+    max_seq_jump: int = Field(
+        100_000, ge=1, description="An envelope or hello this far past a stream's expected sequence restarts the "
+                                   "stream after a resync instead of opening a gap (a forged or corrupt number).")
+    max_hello_idle: float = Field(3600.0, gt=0, description="Largest max_idle_time a subscriber believes of a "
+                                                            "hello; larger ones are clamped.")
+    forget_silent_after: float = Field(
+        3600.0, gt=0, description="Seconds after which a silent publisher whose hellos turn dead-publisher "
+                                  "detection off (max_idle_time <= 0) is forgotten.")
     multiproc: bool = Field(
         False, description="Publish through the host's publisher service (forked API workers) instead of binding."
     )

@@ -14,7 +14,7 @@ from .multiproc import WorkerPublisher
 from .publisher import Publisher, PublisherOptions
 from .registry import load_driver, parse_driver_url
 from .subscriber import EventHandler, ResyncHandler, Subscriber, SubscriberOptions
-from .tracker import ResyncRequest
+from .tracker import ResyncRequest, TrackerLimits
 
 __all__ = ["create_driver", "create_publisher", "create_subscriber", "publisher_options", "subscriber_options"]
 
@@ -41,6 +41,8 @@ def subscriber_options(s: PubSubSettings) -> SubscriberOptions:
         resync_max_interval=s.resync_max_interval,
         dead_after_idles=s.dead_after_idles,
         max_idle_time=s.max_idle_time,
+        limits=TrackerLimits(s.max_publishers, s.max_held_bytes, s.max_seq_jump, s.max_hello_idle,
+                             s.forget_silent_after),
     )
 
 

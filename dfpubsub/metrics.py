@@ -34,6 +34,7 @@ COUNTERS: dict[str, str] = {
     "duplicates": "Events dropped as duplicates.",
     "gaps": "Sequence gaps opened.",
     "gaps_filled": "Gaps closed by late messages within the delay window.",
+    "streams_rebased": "Streams taken up at a publisher's real sequence after a skipped run (a forged number, or late).",
     "resync_requests": "Resyncs requested, by reason.",
     "resyncs": "Resyncs run.",
     "resync_failures": "Resync callbacks that raised.",
@@ -74,7 +75,7 @@ GAUGES: dict[str, str] = {
 ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
     "publisher": ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops"),
     "subscriber": ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled",
-                   "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors"),
+                   "streams_rebased", "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors"),
     "controller": ("handler_errors", "workqueue_adds", "workqueue_retries", "reconciles", "reconcile_failed"),
     "relay": ("envelopes_in", "envelopes_out", "drops"),
     "archiver": ("events_archived", "segments_published", "segment_bytes", "journals_recovered"),

@@ -29,7 +29,7 @@ from .events import CONTROL_TOPIC, Bye, Event, EventBatch, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
 from .resync import ResyncScheduler
-from .tracker import ResyncRequest, SequenceTracker
+from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
 
 __all__ = ["Subscriber", "SubscriberOptions", "EventHandler", "ResyncHandler"]
 
@@ -62,6 +62,8 @@ class SubscriberOptions:
     #: Assumed of a publisher not yet heard saying hello (the deployment's max_idle_time).
     max_idle_time: float = 5.0
     initial_sync: bool = True
+    #: What unauthenticated peers may cost the tracker (docs/security.md).
+    limits: TrackerLimits = TrackerLimits()
 
 
 class Subscriber:
@@ -100,7 +102,7 @@ class Subscriber:
         self._topics: frozenset[str] = frozenset(validate_topic(t) for t in topics)
         self.tracker = SequenceTracker(
             self._topics, opts.message_delay_window, self.stats, opts.max_held, opts.dead_after_idles,
-            opts.max_idle_time,
+            opts.max_idle_time, opts.limits,
         )
         self.scheduler = ResyncScheduler(opts.resync_base_interval, opts.resync_max_interval)
         self.synced = threading.Event()

@@ -15,7 +15,26 @@ from dataclasses import dataclass, field
 from .events import Bye, EventBatch, Hello
 from .metrics import Stats
 
-__all__ = ["ResyncRequest", "SequenceTracker"]
+__all__ = ["ResyncRequest", "SequenceTracker", "TrackerLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerLimits:
+    """What one subscriber's tracker spends at most on publishers it cannot authenticate
+    (docs/security.md, "Bounded damage"). Every drop they cause is counted with its reason."""
+
+    #: Publishers tracked at once; beyond, the longest silent eighth is forgotten (and resynced).
+    max_publishers: int = 10_000
+    #: Bytes of envelopes held over all streams while gaps are open.
+    max_held_bytes: int = 64 << 20
+    #: An envelope or hello this far past the expected sequence (a forged or corrupt number,
+    #: or a loss that large) restarts its stream after a resync instead of opening a gap.
+    max_seq_jump: int = 100_000
+    #: A hello's max_idle_time above this is taken as this.
+    max_hello_idle: float = 3600.0
+    #: Seconds after which a silent publisher whose hellos turn dead-publisher detection off
+    #: (max_idle_time <= 0) is forgotten all the same.
+    forget_silent_after: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +53,16 @@ class ResyncRequest:
 
 @dataclass(slots=True)
 class _Stream:
+    #: The sequence expected next; 0 after a restart: the next envelope or hello sets it.
     next: int
     high: int = 0
     held: dict[int, EventBatch] = field(default_factory=dict)
     deadline: float | None = None
+    #: First number of a run skipped unseen (a first contact mid-stream, or a gap given up on
+    #: that only a hello claimed); 0: none. An envelope or hello inside the run shows where the
+    #: publisher really is (a claim past it was forged, or the run arrives late): the stream
+    #: goes on from there rather than dropping the real events as duplicates.
+    skipped_from: int = 0
 
 
 @dataclass(slots=True)
@@ -71,6 +96,7 @@ class SequenceTracker:
         max_held: int = 1024,
         dead_after_idles: float = 3.0,
         assumed_max_idle: float = 5.0,
+        limits: TrackerLimits = TrackerLimits(),
     ):
         self.topics = topics
         self.window = window
@@ -78,9 +104,11 @@ class SequenceTracker:
         self.max_held = max_held
         self.dead_after_idles = dead_after_idles
         self.assumed_max_idle = assumed_max_idle
+        self.limits = limits
         self.peers: dict[str, _Peer] = {}
         self.requests: list[ResyncRequest] = []
         self._open: set[tuple[str, str]] = set()
+        self._held_bytes = 0
 
     # -- inputs -------------------------------------------------------------
 
@@ -89,17 +117,25 @@ class SequenceTracker:
         peer = self._peer(batch.publisher_id, batch.publisher_name, now)
         topic = batch.topic
         st = peer.streams.get(topic)
-        if st is None:
-            if peer.hello_topics is not None and topic in peer.hello_topics:
+        if st is None or not st.next:
+            if st is None and peer.hello_topics is not None and topic in peer.hello_topics:
                 # Its hello did not list a topic we already took: the stream began after it, at 1.
                 st = peer.streams[topic] = _Stream(next=1)
             else:
                 # Never heard of it: what came before may be newer than our last sync.
                 st = peer.streams[topic] = _Stream(next=batch.seq)
                 if batch.seq > 1:
+                    st.skipped_from = 1
                     self._request(topic, "first_seen", batch.publisher_id, (1, batch.seq - 1))
         if batch.seq > st.next:
+            if batch.seq - st.next > self.limits.max_seq_jump:
+                self._restart(batch.publisher_id, peer, topic, batch.count)
+                return []
             return self._hold(batch.publisher_id, topic, st, batch, now)
+        if st.skipped_from and st.skipped_from <= batch.seq and batch.last_seq < st.next:
+            st.next = batch.seq  # inside the run skipped unseen: the publisher is really here
+            st.skipped_from = 0
+            self.stats.inc("streams_rebased")
         out: list[EventBatch] = []
         self._append_new(st, batch, out)
         if st.held:
@@ -117,7 +153,7 @@ class SequenceTracker:
         peer = self._peer(pid, hello.publisher_name, now)
         known_topics = peer.hello_topics or ()
         if isinstance(hello, Hello):
-            peer.max_idle = hello.max_idle_time
+            peer.max_idle = min(hello.max_idle_time, self.limits.max_hello_idle)
             # Only a hello's last part says that a topic it does not list has not been used.
             if not hello.more:
                 peer.hello_topics = self.topics
@@ -131,10 +167,16 @@ class SequenceTracker:
             st = peer.streams.get(topic)
             if st is None and topic in known_topics:
                 st = peer.streams[topic] = _Stream(next=1)
-            if st is None:
-                peer.streams[topic] = _Stream(next=seq + 1)
+            if st is None or not st.next:
+                st = peer.streams[topic] = _Stream(next=seq + 1)
                 if seq > 0:
+                    st.skipped_from = 1
                     self._request(topic, "first_seen", pid, (1, seq))
+            elif seq - st.next > self.limits.max_seq_jump:
+                self._restart(pid, peer, topic, 0)
+            elif st.skipped_from and st.skipped_from <= seq < st.next - 1:
+                st.next, st.skipped_from = seq + 1, 0  # see _Stream.skipped_from
+                self.stats.inc("streams_rebased")
             elif seq >= st.next and seq > st.high:
                 # The publisher sent more than we have: lost, or still in flight on
                 # a transport that reorders; the delay window decides.
@@ -149,10 +191,15 @@ class SequenceTracker:
             peer = self.peers[pid]
             self._give_up(pid, topic, peer.streams[topic], out, "gap_expired")
             self._forget_if_gone(pid, peer)
+        forget_silent_after = self.limits.forget_silent_after
         for pid, peer in list(self.peers.items()):
             max_idle = self.assumed_max_idle if peer.max_idle is None else peer.max_idle
-            if max_idle > 0 and now - peer.last_seen > self.dead_after_idles * max_idle:
+            silent = now - peer.last_seen
+            if max_idle > 0 and silent > self.dead_after_idles * max_idle:
                 self.forget_publisher(pid, out, reason="publisher_lost")
+            elif max_idle <= 0 and silent > forget_silent_after:
+                self.stats.inc("drops", reason="publisher_silent")
+                self.forget_publisher(pid, out, reason="publisher_silent")
         return out
 
     def forget_publisher(self, pid: str, out: list[EventBatch], reason: str = "publisher_gone") -> None:
@@ -169,7 +216,9 @@ class SequenceTracker:
     def forget_topic(self, topic: str) -> None:
         """Forget every stream of an unsubscribed topic."""
         for pid, peer in self.peers.items():
-            if peer.streams.pop(topic, None) is not None:
+            st = peer.streams.pop(topic, None)
+            if st is not None:
+                self._release(st)
                 self._open.discard((pid, topic))
 
     def next_deadline(self) -> float | None:
@@ -192,10 +241,35 @@ class SequenceTracker:
     def _peer(self, pid: str, name: str, now: float) -> _Peer:
         peer = self.peers.get(pid)
         if peer is None:
+            if len(self.peers) >= self.limits.max_publishers:
+                self._evict()
             peer = self.peers[pid] = _Peer(name, now)
         else:
             peer.last_seen = now
         return peer
+
+    def _evict(self) -> None:
+        """Forget the longest silent eighth of the publishers (at least one), resyncing their
+        topics: a flood of made-up ids costs bounded memory and sorting once per eighth."""
+        n = max(1, len(self.peers) // 8)
+        oldest = sorted(self.peers.items(), key=lambda item: item[1].last_seen)[:n]
+        dropped: list[EventBatch] = []  # their held envelopes: the resync covers them
+        for pid, _ in oldest:
+            self.forget_publisher(pid, dropped, reason="publisher_evicted")
+        self.stats.inc("drops", n, reason="publisher_evicted")
+
+    def _restart(self, pid: str, peer: _Peer, topic: str, events: int) -> None:
+        """Restart a stream whose sequence jumped past ``max_seq_jump``: its next envelope or
+        hello starts it anew (a first contact: ``next`` 0), and the topic is resynced meanwhile."""
+        self._release(peer.streams[topic])
+        peer.streams[topic] = _Stream(next=0)
+        self._open.discard((pid, topic))
+        self.stats.inc("drops", max(events, 1), reason="seq_jump")
+        self._request(topic, "seq_jump", pid, None)
+
+    def _release(self, st: _Stream) -> None:
+        self._held_bytes -= sum(_size(b) for b in st.held.values())
+        st.held.clear()
 
     def _forget_if_gone(self, pid: str, peer: _Peer) -> None:
         """A publisher that said bye is forgotten once none of its gaps is open."""
@@ -219,11 +293,14 @@ class SequenceTracker:
         if prev is not None and prev.last_seq >= batch.last_seq:
             self.stats.inc("duplicates", batch.count)
             return []
+        if prev is not None:
+            self._held_bytes -= _size(prev)
         st.held[batch.seq] = batch
+        self._held_bytes += _size(batch)
         st.high = max(st.high, batch.last_seq)
         self._open_gap(pid, topic, st, now)
         out: list[EventBatch] = []
-        if len(st.held) > self.max_held:
+        if len(st.held) > self.max_held or self._held_bytes > self.limits.max_held_bytes:
             # Holding more would be unbounded memory: stop waiting for the hole.
             self._give_up(pid, topic, st, out, "hold_overflow")
         return out
@@ -251,7 +328,9 @@ class SequenceTracker:
             first = min(held)
             if first > st.next:
                 return
-            self._append_new(st, held.pop(first), out)
+            batch = held.pop(first)
+            self._held_bytes -= _size(batch)
+            self._append_new(st, batch, out)
 
     @staticmethod
     def _missing(st: _Stream) -> tuple[int, int]:
@@ -273,7 +352,14 @@ class SequenceTracker:
             if seq > st.next:
                 st.next = seq
             self._append_new(st, batch, out)
-        st.held.clear()
+        if not st.held and st.high >= st.next:
+            st.skipped_from = st.next  # only a hello claimed this run
+        self._release(st)
         st.next = max(st.next, st.high + 1)
         st.deadline = None
         self._open.discard((pid, topic))
+
+
+def _size(batch: EventBatch) -> int:
+    """Bytes an envelope holds (its frame, or a guess per event when it was built in memory)."""
+    return len(batch.frame) or 64 * batch.count

@@ -3,7 +3,7 @@ from hypothesis import strategies as st
 
 from dfpubsub.events import Action, Bye, Event, EventBatch, Hello
 from dfpubsub.metrics import Stats
-from dfpubsub.tracker import SequenceTracker
+from dfpubsub.tracker import SequenceTracker, TrackerLimits
 
 WINDOW = 0.5
 
@@ -253,3 +253,86 @@ def test_publisher_never_heard_saying_hello_is_judged_by_the_assumed_max_idle():
     assert "A" in tr.peers
     tr.tick(3.1)
     assert [r.reason for r in tr.pop_requests()] == ["publisher_lost"] and "A" not in tr.peers
+
+
+# -- bounded damage from unauthenticated peers (docs/security.md) ----------------------------------------
+
+def _reasons(tr):
+    return [r.reason for r in tr.pop_requests()]
+
+
+def test_a_forged_sequence_far_ahead_restarts_the_stream_and_the_real_events_go_on():
+    tr = tracker(limits=TrackerLimits(max_seq_jump=1000))
+    assert seqs(tr.on_batch(batch(1, 3), 0.0)) == [1, 2, 3]
+    assert tr.on_batch(batch(2**63), 0.1) == []  # not held, not delivered
+    assert _reasons(tr) == ["seq_jump"] and tr.stats.get("drops", "seq_jump") == 1
+    assert not tr.gap_open("A", "t")
+    assert seqs(tr.on_batch(batch(4), 0.2)) == [4]  # a first contact again: resynced, delivered
+    assert _reasons(tr) == ["first_seen"]
+    assert seqs(tr.on_batch(batch(5), 0.3)) == [5]
+    tr.on_hello(hello({"t": 2**62}), 0.4)  # a forged hello as far: the same
+    assert _reasons(tr) == ["seq_jump"]
+    assert seqs(tr.on_batch(batch(6), 0.5)) == [6]
+
+
+def test_a_forged_hello_within_the_bound_costs_one_resync_then_the_stream_follows_the_real_numbers():
+    tr = tracker()
+    tr.on_batch(batch(1), 0.0)
+    tr.on_hello(hello({"t": 50_000}), 0.1)  # under max_seq_jump: a gap like any other
+    assert tr.gap_open("A", "t")
+    tr.tick(0.1 + WINDOW + 0.01)
+    assert _reasons(tr) == ["gap_expired"]
+    # The real publisher goes on at 2: inside the run only the hello claimed.
+    assert seqs(tr.on_batch(batch(2), 1.0)) == [2]
+    assert tr.stats.get("streams_rebased") == 1
+    assert seqs(tr.on_batch(batch(3), 1.1)) == [3]
+    # and its losses are found again
+    assert tr.on_batch(batch(5), 1.2) == [] and tr.gap_open("A", "t")
+
+
+def test_a_forged_first_contact_does_not_silence_the_real_publisher():
+    tr = tracker()
+    assert seqs(tr.on_batch(batch(2**63 - 10), 0.0)) == [2**63 - 10]
+    assert _reasons(tr) == ["first_seen"]
+    assert seqs(tr.on_batch(batch(7), 0.1)) == [7]  # the real one, skipped at first contact
+    assert seqs(tr.on_batch(batch(8), 0.2)) == [8]
+    tr.on_hello(hello({"t": 2**62}, pid="B"), 0.3)  # a forged first hello, then B's real envelope
+    assert seqs(tr.on_batch(batch(1, pid="B"), 0.4)) == [1]
+
+
+def test_publishers_are_bounded_and_the_longest_silent_go_first():
+    tr = tracker(limits=TrackerLimits(max_publishers=100))
+    tr.on_batch(batch(1, pid="real"), 0.0)
+    for i in range(1000):
+        tr.on_hello(hello({"t": 3}, pid=f"fake{i}", max_idle=-1.0), 1.0 + i / 1000)
+        if i % 50 == 0:
+            tr.on_batch(batch(2 + i // 50, pid="real"), 1.0 + i / 1000)  # the real one keeps talking
+    assert len(tr.peers) <= 100 and "real" in tr.peers
+    assert tr.stats.get("drops", "publisher_evicted") >= 900
+    assert {r.reason for r in tr.pop_requests()} <= {"first_seen", "publisher_evicted"}
+
+
+def test_hellos_cannot_make_a_publisher_immortal():
+    tr = tracker(limits=TrackerLimits(max_hello_idle=10.0, forget_silent_after=100.0))
+    tr.on_hello(hello({"t": 0}, pid="big", max_idle=1e18), 0.0)
+    tr.on_hello(hello({"t": 0}, pid="off", max_idle=-5.0), 0.0)
+    tr.tick(29.0)
+    assert set(tr.peers) == {"big", "off"}
+    tr.tick(31.0)  # 3 x the clamped 10 s
+    assert set(tr.peers) == {"off"}
+    tr.tick(101.0)
+    assert tr.peers == {} and tr.stats.get("drops", "publisher_silent") == 1
+
+
+def test_held_bytes_are_bounded_over_all_streams():
+    tr = tracker(topics=("t", "u"), max_held=10_000, limits=TrackerLimits(max_held_bytes=64 * 20))
+    for topic in ("t", "u"):
+        tr.on_batch(batch(1, topic=topic), 0.0)
+    out = []
+    for s in range(3, 40):
+        out += tr.on_batch(batch(s, topic="t"), 0.1)
+    reasons = _reasons(tr)
+    assert "hold_overflow" in reasons and tr._held_bytes <= 64 * 20
+    assert seqs(out)  # what was held was handed on when the tracker stopped waiting
+    tr.tick(10.0)
+    assert tr._held_bytes == 0
