@@ -58,7 +58,8 @@ class TableHandler(Protocol):
         """A new object (or one the handler did not have)."""
 
     def on_update(self, obj: VersionedObject, previous: VersionedObject) -> None:
-        """A newer version of an object; ``previous`` is the one the handler last took."""
+        """Another version of an object (newer, unless a resync corrected a forged one);
+        ``previous`` is the one the handler last took."""
 
     def on_delete(self, previous: VersionedObject) -> None:
         """The object is gone; ``previous`` is the version the handler last took."""
@@ -68,9 +69,10 @@ class HandlerReconciler:
     """Runs a :class:`TableHandler` as a reconciler: the current state becomes one call.
 
     The handler's own view (what it last took without raising) is kept per key;
-    an object it never took is a create, a newer one an update from what it
-    took, a missing one a delete of what it took. Versions it already has (a
-    periodic re-delivery) call nothing. A call that raises leaves the view
+    an object it never took is a create, one that differs from what it took
+    (newer, or older after a resync replaced a forged version) an update from
+    it, a missing one a delete of what it took. What it already has (a
+    periodic re-delivery) calls nothing. A call that raises leaves the view
     unchanged, so the retry brings the handler from there to the then-current
     state. A key is never reconciled by two workers at once, so the view needs
     no lock.
@@ -89,6 +91,7 @@ class HandlerReconciler:
         elif previous is None:
             self.handler.on_create(obj)
             self.seen[key.key] = obj
-        elif obj.version > previous.version:
+        elif obj.version != previous.version or obj.value != previous.value:
+            # Not only newer: a resync may have replaced a forged version above the truth.
             self.handler.on_update(obj, previous)
             self.seen[key.key] = obj

@@ -58,11 +58,17 @@ class _Stream:
     high: int = 0
     held: dict[int, EventBatch] = field(default_factory=dict)
     deadline: float | None = None
-    #: First number of a run skipped unseen (a first contact mid-stream, or a gap given up on
-    #: that only a hello claimed); 0: none. An envelope or hello inside the run shows where the
-    #: publisher really is (a claim past it was forged, or the run arrives late): the stream
-    #: goes on from there rather than dropping the real events as duplicates.
+    #: A run of numbers skipped unseen, [skipped_from, skipped_to) (a first contact mid-stream,
+    #: or a gap given up on that only a hello claimed); 0, 0: none. An envelope or a hello inside
+    #: it shows the publisher really is lower than a claim made by someone else (forged, or
+    #: the run arrives late): the stream steps down to it instead of dropping the real events as
+    #: duplicates. It only ever steps down, so a forged claim cannot take it up again.
     skipped_from: int = 0
+    skipped_to: int = 0
+
+    def rebase(self, seq: int) -> None:
+        """Go on from ``seq``, inside the skipped run: what lies below stays skipped."""
+        self.next = self.skipped_to = seq
 
 
 @dataclass(slots=True)
@@ -125,16 +131,15 @@ class SequenceTracker:
                 # Never heard of it: what came before may be newer than our last sync.
                 st = peer.streams[topic] = _Stream(next=batch.seq)
                 if batch.seq > 1:
-                    st.skipped_from = 1
+                    st.skipped_from, st.skipped_to = 1, batch.seq
                     self._request(topic, "first_seen", batch.publisher_id, (1, batch.seq - 1))
         if batch.seq > st.next:
             if batch.seq - st.next > self.limits.max_seq_jump:
                 self._restart(batch.publisher_id, peer, topic, batch.count)
                 return []
             return self._hold(batch.publisher_id, topic, st, batch, now)
-        if st.skipped_from and st.skipped_from <= batch.seq and batch.last_seq < st.next:
-            st.next = batch.seq  # inside the run skipped unseen: the publisher is really here
-            st.skipped_from = 0
+        if st.skipped_from <= batch.seq < st.skipped_to and batch.last_seq < st.next:
+            st.rebase(batch.seq)  # see _Stream.skipped_from
             self.stats.inc("streams_rebased")
         out: list[EventBatch] = []
         self._append_new(st, batch, out)
@@ -170,12 +175,12 @@ class SequenceTracker:
             if st is None or not st.next:
                 st = peer.streams[topic] = _Stream(next=seq + 1)
                 if seq > 0:
-                    st.skipped_from = 1
+                    st.skipped_from, st.skipped_to = 1, seq + 1
                     self._request(topic, "first_seen", pid, (1, seq))
             elif seq - st.next > self.limits.max_seq_jump:
                 self._restart(pid, peer, topic, 0)
-            elif st.skipped_from and st.skipped_from <= seq < st.next - 1:
-                st.next, st.skipped_from = seq + 1, 0  # see _Stream.skipped_from
+            elif st.skipped_from <= seq + 1 < st.skipped_to and seq + 1 < st.next:
+                st.rebase(seq + 1)  # see _Stream.skipped_from
                 self.stats.inc("streams_rebased")
             elif seq >= st.next and seq > st.high:
                 # The publisher sent more than we have: lost, or still in flight on
@@ -353,7 +358,7 @@ class SequenceTracker:
                 st.next = seq
             self._append_new(st, batch, out)
         if not st.held and st.high >= st.next:
-            st.skipped_from = st.next  # only a hello claimed this run
+            st.skipped_from, st.skipped_to = st.next, st.high + 1  # only a hello claimed this run
         self._release(st)
         st.next = max(st.next, st.high + 1)
         st.deadline = None

@@ -31,6 +31,9 @@ class ZmqOptions(BaseModel):
     worker_hwm: int = Field(
         10_000, ge=1, description="Envelopes a forked worker buffers while the publisher service is away; then drops."
     )
+    max_subscriptions: int = Field(
+        10_000, ge=1, description="Publisher: distinct topics it takes subscriptions to beyond those it has sent "
+                                  "on (a subscription flood costs bounded memory; docs/security.md).")
     ipc_mode: int = Field(0o660, ge=0, le=0o777, description="Permissions of a bound ipc socket file.",
                           json_schema_extra={"octal": True})
     curve_secret_key: str | None = Field(None, description="Publisher: Z85 CURVE secret key; enables encryption.")

@@ -10,13 +10,15 @@ from dfpubsub.errors import TransportError
 from dfpubsub.metrics import Stats
 
 from .ipc import bind, unlink_ipc
-from .options import CONTROL_SUBSCRIBE, ZmqOptions, common_options
+from .options import ZmqOptions, common_options
+from .subscriptions import Subscriptions
 
 __all__ = ["ZmqPublisher"]
 
 
 class ZmqPublisher(PublisherTransport):
-    """A bound XPUB socket; reading it tells when subscribers join."""
+    """A bound XPUB socket in manual mode; reading it applies subscriptions (subscriptions.py)
+    and tells when subscribers join."""
 
     def __init__(self, url: str, opts: ZmqOptions, stats: Stats):
         self.stats = stats
@@ -26,6 +28,7 @@ class ZmqPublisher(PublisherTransport):
             common_options(self.sock, opts)
             self.sock.setsockopt(zmq.SNDHWM, opts.sndhwm)
             self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+            self.sock.setsockopt(zmq.XPUB_MANUAL, 1)
             if opts.curve_secret_key:
                 self.sock.curve_server = True
                 self.sock.curve_secretkey = opts.curve_secret_key.encode()
@@ -33,6 +36,8 @@ class ZmqPublisher(PublisherTransport):
         except zmq.ZMQError as exc:
             self.sock.close(0)
             raise TransportError(f"cannot set up the publisher socket: {exc}") from exc
+        self._subscriptions = Subscriptions(self.sock, stats, opts.max_subscriptions)
+        self._joined = 0
         self._uri = bind(self.sock, url, opts.ipc_mode)
 
     @property
@@ -43,6 +48,7 @@ class ZmqPublisher(PublisherTransport):
         tf = self._topics.get(topic)
         if tf is None:
             tf = self._topics[topic] = topic_frame(topic)
+            self._subscriptions.published.add(tf)
         if type(frame) is memoryview:
             obj = frame.obj
             if type(obj) is zmq.Frame and frame.nbytes == len(obj):
@@ -50,21 +56,31 @@ class ZmqPublisher(PublisherTransport):
                 # which ZeroMQ shares by reference count instead of copying.
                 frame = obj  # type: ignore[assignment]
         try:
+            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                # A subscription waits (XPUB_MANUAL): take it first, so that a subscriber that
+                # subscribed before this send gets it, as with automatic subscriptions.
+                self._take_subscriptions()
             self.sock.send(tf, zmq.SNDMORE)
             self.sock.send(frame)
         except zmq.ZMQError as exc:
             raise TransportError(f"zmq send failed: {exc}") from exc
 
     def new_subscribers(self) -> int:
-        joined = 0
         try:
-            while True:
-                if self.sock.recv(zmq.NOBLOCK) == CONTROL_SUBSCRIBE:
-                    joined += 1
-        except zmq.Again:
-            return joined
+            self._take_subscriptions()
         except zmq.ZMQError as exc:
             raise TransportError(f"zmq recv failed: {exc}") from exc
+        joined, self._joined = self._joined, 0
+        return joined
+
+    def _take_subscriptions(self) -> None:
+        """Apply the (un)subscriptions waiting on the socket; count the subscribers that joined."""
+        take = self._subscriptions.take
+        try:
+            while True:
+                self._joined += take(self.sock.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            pass
 
     def close(self) -> None:
         self.sock.close()

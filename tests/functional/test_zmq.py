@@ -235,9 +235,10 @@ def test_worker_ingress_hands_over_views_that_the_publisher_relays_without_copyi
     push.connect(ingress.uri)
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.connect(egress.uri)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.SUBSCRIBE, b"a\x00")
     try:
         wait_for(lambda: egress.sock.poll(0), what="the subscription")
+        egress.new_subscribers()  # takes it (XPUB_MANUAL)
         payload = os.urandom(50_000)
         for frames in ([b"a\x00"], [b"a\x00", b"x", b"y"], [b"no-nul", b"x"], [b"a\x00", payload]):
             push.send_multipart(frames)

@@ -298,6 +298,14 @@ def test_a_forged_first_contact_does_not_silence_the_real_publisher():
     assert seqs(tr.on_batch(batch(8), 0.2)) == [8]
     tr.on_hello(hello({"t": 2**62}, pid="B"), 0.3)  # a forged first hello, then B's real envelope
     assert seqs(tr.on_batch(batch(1, pid="B"), 0.4)) == [1]
+    # A forged first contact, then a forged hello inside the run it skipped: the stream only
+    # steps down, so the real publisher's hello still brings it back.
+    tr.on_batch(batch(2**62, pid="C"), 0.5)
+    tr.on_hello(hello({"t": 50_000}, pid="C"), 0.6)
+    tr.on_hello(hello({"t": 5}, pid="C"), 0.7)
+    assert seqs(tr.on_batch(batch(6, pid="C"), 0.8)) == [6]
+    # while a duplicate of what was delivered after the run stays a duplicate
+    assert tr.on_batch(batch(6, pid="C"), 0.9) == [] and tr.on_batch(batch(2**62, pid="C"), 0.9) == []
 
 
 def test_publishers_are_bounded_and_the_longest_silent_go_first():

@@ -1,0 +1,151 @@
+"""The attacks of issue 17 from raw pyzmq sockets, without authentication: each ends with bounded
+memory and a cache equal to the store (docs/security.md, "Bounded damage")."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import zmq
+
+from dfpubsub import Hello, TrackerLimits, load_driver
+from dfpubsub.codec import MAX_SEQ, BatchHeader, encode_batch, encode_hello, pack_event, topic_frame
+from dfpubsub.events import CONTROL_TOPIC
+from dfpubsub.metrics import Stats
+from dfpubsub.nbapi import NbApi
+from dfpubsub.store import open_store
+from tests.conftest import wait_for
+from tests.functional.controller_helpers import TABLES, Node
+from tests.functional.zmq_helpers import Sink, joined, make_pub
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def _attacker(ctrl) -> tuple[zmq.Socket, str]:
+    """A PUB socket the controller also listens to (a rogue row in discovery, say)."""
+    sock = zmq.Context.instance().socket(zmq.PUB)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    ctrl.connect(f"tcp://127.0.0.1:{port}")
+    return sock, f"tcp://127.0.0.1:{port}"
+
+
+def _send_until(sock: zmq.Socket, topic: str, frame: bytes, seen) -> None:
+    """Send until the victim has taken it (a PUB drops what it sends before the SUB joined)."""
+    def sent() -> bool:
+        sock.send_multipart([topic_frame(topic), frame])
+        return seen()
+    wait_for(sent, what="the victim to take the forged frame")
+
+
+def test_forged_sequence_and_version_leave_the_cache_equal_to_the_store(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", TABLES)
+    pub = make_pub(max_idle_time=0.3)
+    node = Node(store, pub.transport.uri)
+    api = NbApi(store, pub)
+    sock = None
+    try:
+        assert node.ctrl.synced.wait(10)
+        for i in range(5):
+            api.create("port", f"p{i}", {"i": i})
+        wait_for(lambda: node.converged(store), what="the first writes")
+        sock, _ = _attacker(node.ctrl)
+        sub = node.ctrl.subscriber
+        # The real publisher's id, the largest sequence and a version of 2^64-1 for a real key.
+        forged = encode_batch(BatchHeader(pub.id, pub.name, "port"), MAX_SEQ, time.time(),
+                              [pack_event("port", "p0", "update", 2**64 - 1, {"owned": True}, time.time())])
+        _send_until(sock, "port", forged, lambda: sub.stats.get("drops", "seq_jump") > 0)
+        # Within the jump bound, as a hello: a gap, given up on, then the real numbers again.
+        hello = Hello(pub.id, pub.name, time.time(), {"port": 50_000}, "idle", 0.3, "h")
+        _send_until(sock, CONTROL_TOPIC, encode_hello(hello),
+                    lambda: sub.stats.get("resync_requests", "gap_expired") > 0)
+        for i in range(5):
+            api.update("port", f"p{i}", {"i": i, "real": True})
+        api.create("port", "after", {})
+        wait_for(lambda: node.converged(store), timeout=20, what="the cache to equal the store")
+        assert node.ctrl.cache.get("port", "p0").version < 2**64 - 1
+    finally:
+        if sock is not None:
+            sock.close(0)
+        node.ctrl.stop()
+        pub.close()
+        store.close()
+
+
+def test_a_flood_of_fake_publishers_costs_bounded_memory_and_bounded_resyncs(tmp_path):
+    pub = make_pub(max_idle_time=0.3)
+    limits = TrackerLimits(max_publishers=1000)
+    sink = Sink(["port"], [pub.transport.uri], max_idle_time=0.3, limits=limits)
+    attacker = zmq.Context.instance().socket(zmq.PUB)
+    port = attacker.bind_to_random_port("tcp://127.0.0.1")
+    sink.sub.connect(f"tcp://127.0.0.1:{port}")
+    sink.sub.start()
+    try:
+        joined(pub)
+        tracker = sink.sub.tracker
+        wait_for(lambda: (attacker.send_multipart([topic_frame(CONTROL_TOPIC), encode_hello(
+            Hello("probe", "p", time.time(), {"port": 1}, "idle", -1.0, "h"))]), "probe" in tracker.peers)[1],
+            what="the attacker to reach the subscriber")
+        runs = sink.stats.get("resyncs")
+        started = time.monotonic()
+        for i in range(100_000):  # fake ids whose hellos turn dead-publisher detection off
+            attacker.send_multipart([topic_frame(CONTROL_TOPIC), encode_hello(
+                Hello(f"fake{i}", "f", time.time(), {"port": 3}, "idle", -1.0, "h"))])
+            if i % 1000 == 999:  # at the pace the subscriber takes them (ZeroMQ drops beyond its HWMs)
+                wait_for(lambda n=i: sink.stats.get("hellos_in") > n - 5000, what="the subscriber to keep up")
+        wait_for(lambda: sink.stats.get("drops", "publisher_evicted") >= 50_000, timeout=60,
+                 what="the fakes to be evicted")
+        elapsed = time.monotonic() - started
+        assert len(tracker.peers) <= 1000
+        # Every fake asked for a resync (first contact); the scheduler's backoff spaced them.
+        spacing = sink.sub.options.resync_max_interval
+        assert sink.stats.get("resyncs") - runs <= 8 + elapsed / spacing
+        pub.publish("port", "t", "k", "create", 1, {"v": 1})
+        wait_for(lambda: "k" in sink.keys(), what="the real publisher's event")
+    finally:
+        attacker.close(0)
+        sink.sub.close()
+        pub.close()
+
+
+def test_a_subscription_flood_costs_the_publisher_bounded_memory():
+    stats = Stats("publisher", "victim")
+    transport = load_driver("zmq+tcp://127.0.0.1:*", {"max_subscriptions": 1000}).publisher(stats)
+    transport.sock.setsockopt(zmq.RCVHWM, 0)  # the attacker's every message reaches it
+    xsub = zmq.Context.instance().socket(zmq.XSUB)
+    xsub.setsockopt(zmq.SNDHWM, 0)
+    xsub.connect(transport.uri)
+    sink = Sink(["port"], [transport.uri])
+    sink.sub.start()
+
+    def served(seq: int, key: str) -> None:
+        frame = encode_batch(BatchHeader("real", "real", "port"), seq, time.time(),
+                             [pack_event("port", key, "create", 1, {}, time.time())])
+        wait_for(lambda: (transport.new_subscribers(), transport.send("port", frame), key in sink.keys())[2],
+                 what="a real subscriber to be served")
+
+    try:
+        served(1, "k1")
+        before = _rss_mb()
+        big = "x" * 200
+        for i in range(100_000):
+            xsub.send(b"\x01" + topic_frame(f"{big}{i}"))
+            if i % 5000 == 4999:
+                wait_for(lambda n=i: (transport.new_subscribers(),
+                                      stats.get("drops", "subscription_cap") >= n - 1000 - 5000)[1],
+                         what="the publisher to read the flood")
+        for junk in (b"\x01", b"\x01no-nul", b"\x05port\x00", b"\x01\xff\x00", b"\x01$other\x00"):
+            xsub.send(junk)
+        wait_for(lambda: (transport.new_subscribers(), stats.get("drops", "subscription_cap") >= 99_000)[1],
+                 timeout=60, what="the flood to be read")
+        assert stats.get("drops", "subscription_invalid") == 5
+        # 100,000 subscriptions of 200 bytes taken would cost libzmq well over 100 MB.
+        assert _rss_mb() - before < 60
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before < 200
+        served(2, "k2")
+    finally:
+        xsub.close(0)
+        sink.sub.close()
+        transport.close()
