@@ -24,6 +24,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from .backend_access import EtcdAccess, RedisAccess
+from .backend_access import configure as configure_backends
 from .console import ArgumentParser
 from .errors import ConfigError
 
@@ -40,6 +42,8 @@ __all__ = [
     "LogSettings",
     "MetricsSettings",
     "DiscoverySettings",
+    "EtcdSettings",
+    "RedisSettings",
     "Settings",
     "load_settings",
     "add_config_arguments",
@@ -267,6 +271,79 @@ class DiscoverySettings(_Section):
         return self
 
 
+def _files(section: str, **paths: str) -> None:
+    for name, path in paths.items():
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{section}.{name} {path!r} is not a readable file")
+
+
+def _password(section: str, password: str, password_file: str) -> str:
+    """The password, or the first line of ``password_file`` (kept out of flags and process lists)."""
+    if password and password_file:
+        raise ValueError(f"set {section}.password or {section}.password_file, not both")
+    if not password_file:
+        return password
+    try:
+        with open(password_file, encoding="utf-8") as f:
+            return f.readline().rstrip("\r\n")
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"{section}.password_file {password_file!r}: {exc}") from exc
+
+
+class EtcdSettings(_Section):
+    """``[etcd]``: TLS and credentials of every etcd connection (store, discovery, queues, driver)."""
+
+    ca_file: str = Field("", description="PEM CA bundle the servers' certificates are checked with; turns TLS on.")
+    cert_file: str = Field("", description="PEM client certificate (etcd --client-cert-auth); turns TLS on.")
+    key_file: str = Field("", description="PEM key of cert_file.")
+    server_name: str = Field("", description="Name the servers' certificates must carry (default: the host).")
+    username: str = Field("", description="etcd user (auth enabled); empty: no authentication.")
+    password: str = Field("", description="Its password (prefer password_file).")
+    password_file: str = Field("", description="File whose first line is the password.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EtcdSettings:
+        _files("etcd", ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file,
+               password_file=self.password_file)
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("etcd.cert_file and etcd.key_file go together")
+        if (self.password or self.password_file) and not self.username:
+            raise ValueError("etcd.password needs etcd.username")
+        _password("etcd", self.password, self.password_file)
+        return self
+
+    def access(self) -> EtcdAccess:
+        return EtcdAccess(self.ca_file, self.cert_file, self.key_file, self.username,
+                          _password("etcd", self.password, self.password_file), self.server_name)
+
+
+class RedisSettings(_Section):
+    """``[redis]``: ACL user and TLS of every Redis connection (store, discovery, queues, driver);
+    they override the URL's."""
+
+    username: str = Field("", description="ACL user; empty: the URL's (or default).")
+    password: str = Field("", description="Its password (prefer password_file); empty: the URL's.")
+    password_file: str = Field("", description="File whose first line is the password.")
+    tls: bool = Field(False, description="Connect with TLS (as a rediss:// URL does).")
+    ca_file: str = Field("", description="PEM CA bundle the server's certificate is checked with; implies tls.")
+    cert_file: str = Field("", description="PEM client certificate (redis tls-auth-clients); implies tls.")
+    key_file: str = Field("", description="PEM key of cert_file.")
+    check_hostname: bool = Field(True, description="Check the server's certificate names its host.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RedisSettings:
+        _files("redis", ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file,
+               password_file=self.password_file)
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("redis.cert_file and redis.key_file go together")
+        _password("redis", self.password, self.password_file)
+        return self
+
+    def access(self) -> RedisAccess:
+        return RedisAccess(self.username, _password("redis", self.password, self.password_file), self.tls,
+                           self.ca_file, self.cert_file, self.key_file, self.check_hostname)
+
+
 class Settings(BaseSettings):
     """All settings. ``driver`` holds each driver's own table, validated by the driver."""
 
@@ -285,6 +362,8 @@ class Settings(BaseSettings):
     log: LogSettings = Field(default_factory=LogSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -367,7 +446,10 @@ def load_settings(config_file: str | None = None, overrides: dict[str, Any] | No
         raise ConfigError(_explain(exc, f"file {path}, environment, flags" if path else "environment, flags")) from exc
     except SettingsError as exc:
         raise ConfigError(f"invalid configuration (environment): {exc}") from exc
-    return Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
+    settings = Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
+    # One [etcd] and one [redis] section for every connection this process opens (backend_access).
+    configure_backends(settings.etcd.access(), settings.redis.access())
+    return settings
 
 
 # Every section of Settings gets its flags; a new section needs nothing more.

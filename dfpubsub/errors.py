@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "DfPubSubError",
     "ConfigError",
+    "AuthenticationError",
     "DriverNotFound",
     "MissingExtra",
     "TransportError",
@@ -49,6 +50,11 @@ class DfPubSubError(Exception):
 
 class ConfigError(DfPubSubError, ValueError):
     """The configuration is invalid; the message names the setting and the fix."""
+
+
+class AuthenticationError(DfPubSubError, PermissionError):
+    """A backend refused the configured credentials (user, password): retrying with the same
+    settings cannot help. Not a ValueError, which gRPC's closed channels raise."""
 
 
 class DriverNotFound(DfPubSubError, LookupError):

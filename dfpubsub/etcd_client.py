@@ -9,13 +9,16 @@ need grpc.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import grpc
+from aetcd import rpc
 
-from .errors import ConfigError
+from .backend_access import EtcdAccess, etcd_access
+from .errors import AuthenticationError, ConfigError
 
-__all__ = ["RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers"]
+__all__ = ["RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers", "open_channel"]
 
 #: Retry a lost server quickly rather than with gRPC's backoff of up to two minutes.
 RECONNECT_OPTIONS: list[tuple[str, Any]] = [
@@ -62,3 +65,86 @@ def answers(channel: grpc.Channel, timeout: float) -> bool:
         return done.wait(timeout) and ready[0]
     finally:
         channel.unsubscribe(seen)
+
+
+def open_channel(target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
+    """A channel to ``target`` (host:port) as ``[etcd]`` says: TLS when it names a CA or a client
+    certificate, and an auth token on every call when it names a user."""
+    access = etcd_access()
+    # gRPC shares connections between channels to one address by default: a channel opened
+    # with other credentials must not ride on a connection another one authenticated.
+    options = [*options, ("grpc.use_local_subchannel_pool", 1)]
+    if access.tls:
+        ca, key, cert = access.pem()
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        if access.server_name:
+            options = [*options, ("grpc.ssl_target_name_override", access.server_name)]
+        channel = grpc.secure_channel(target, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
+    if not access.username:
+        return channel
+    return grpc.intercept_channel(channel, _TokenAuth(channel, access, target))
+
+
+class _Details(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
+
+
+class _TokenAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds etcd's auth token to every call; a call refused for an expired token (etcd's tokens
+    last minutes by default) gets a new one and is made once more, if it was a unary call."""
+
+    def __init__(self, channel: grpc.Channel, access: EtcdAccess, target: str):
+        self._auth = rpc.AuthStub(channel)
+        self._access = access
+        self._target = target
+        self._lock = threading.Lock()
+        self._token: str | None = None
+
+    def _token_for(self, stale: str | None = None) -> str:
+        with self._lock:
+            if self._token is None or self._token == stale:
+                try:
+                    self._token = self._auth.Authenticate(rpc.AuthenticateRequest(
+                        name=self._access.username, password=self._access.password), timeout=10.0).token
+                except grpc.RpcError as exc:
+                    if status_code(exc) in UNAVAILABLE:
+                        raise  # the server is away: the caller's usual handling
+                    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+                    raise AuthenticationError(f"etcd at {self._target} refused user "
+                                              f"{self._access.username!r}: {details}") from None
+            return self._token
+
+    def _details(self, details: grpc.ClientCallDetails, token: str) -> _Details:
+        metadata = [*(details.metadata or ()), ("token", token)]
+        return _Details(details.method, details.timeout, metadata, details.credentials,
+                        getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+    def _unary(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any) -> Any:
+        token = self._token_for()
+        outcome = continuation(self._details(details, token), request)
+        exc = outcome.exception()
+        if exc is not None and _token_refused(exc):
+            outcome = continuation(self._details(details, self._token_for(stale=token)), request)
+        return outcome
+
+    def _stream(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any) -> Any:
+        return continuation(self._details(details, self._token_for()), request)
+
+    intercept_unary_unary = _unary
+    intercept_stream_unary = _unary
+    intercept_unary_stream = _stream
+    intercept_stream_stream = _stream
+
+
+def _token_refused(exc: BaseException) -> bool:
+    if not isinstance(exc, grpc.Call):
+        return False
+    return exc.code() == grpc.StatusCode.UNAUTHENTICATED or "invalid auth token" in (exc.details() or "")

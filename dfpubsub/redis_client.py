@@ -14,12 +14,14 @@ from typing import Generic, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
+from redis.exceptions import AuthenticationWrongNumberOfArgsError, ReadOnlyError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from .errors import ConfigError, StoreError, StoreUnavailable
+from .backend_access import redis_access
+from .errors import AuthenticationError, ConfigError, StoreError, StoreUnavailable
 
 __all__ = ["ProcessClient", "open_client", "redis_errors", "redacted", "server_location"]
 
@@ -37,10 +39,11 @@ def open_client(url: str, timeout: float, what: str) -> redis.Redis:
     A failed write may have happened, so nothing is ever resent behind the
     caller's back. ``what`` names the client in a ConfigError for a bad URL.
     """
+    target, access = redis_access().connect_args(url)  # [redis]: user and TLS over the URL's
     try:
         return redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0), decode_responses=False,
+            target, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0), decode_responses=False, **access,
         )
     except ValueError as exc:
         raise ConfigError(f"invalid Redis {what} URL {redacted(url)!r}: {exc}") from exc
@@ -90,6 +93,8 @@ def redis_errors(where: str) -> Iterator[None]:
     """Map redis-py errors: a server gone, slow, loading or read-only is StoreUnavailable."""
     try:
         yield
+    except (RedisAuthenticationError, AuthenticationWrongNumberOfArgsError) as exc:
+        raise AuthenticationError(f"{where} refused the credentials: {exc}") from exc
     except (RedisConnectionError, RedisTimeoutError, ReadOnlyError) as exc:  # BusyLoadingError included
         raise StoreUnavailable(f"{where} unavailable: {type(exc).__name__}: {exc}") from exc
     except RedisError as exc:

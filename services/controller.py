@@ -53,7 +53,7 @@ class LoggingReconciler:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-controller``."""
     settings = parse_settings("df-controller", __doc__.split("\n")[0], argv,
-                              ("pubsub", "cache", "store", "controller", "discovery", "log", "metrics"))
+                              ("pubsub", "cache", "store", "controller", "discovery", "etcd", "redis", "log", "metrics"))
     setup_logging(settings.log.level, settings.log.format)
     name = settings.controller.name or socket.gethostname()
     topics = settings.pubsub.topics or settings.store.tables

@@ -36,7 +36,7 @@ log = logging.getLogger("df-feed")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-feed``."""
     settings = parse_settings("df-feed", __doc__.split("\n")[0], argv,
-                              ("feed", "store", "pubsub", "discovery", "log", "metrics"))
+                              ("feed", "store", "pubsub", "discovery", "etcd", "redis", "log", "metrics"))
     setup_logging(settings.log.level, settings.log.format)
     fs = settings.feed
     name = settings.pubsub.publisher_name or f"{socket.gethostname()}/feed"

@@ -45,7 +45,7 @@ async def _run(worker: DeliveryWorker) -> None:
 @console_main("df-notify")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-notify``."""
-    settings = parse_settings("df-notify", __doc__.split("\n")[0], argv, ("notify", "store", "pubsub", "log", "metrics"))
+    settings = parse_settings("df-notify", __doc__.split("\n")[0], argv, ("notify", "store", "pubsub", "etcd", "redis", "log", "metrics"))
     setup_logging(settings.log.level, settings.log.format)
     n = settings.notify
     worker_id = n.worker_id or f"{socket.gethostname()}:{os.getpid()}"

@@ -36,7 +36,7 @@ log = logging.getLogger("df-publisher-service")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-publisher-service``."""
     settings = parse_settings("df-publisher-service", __doc__.split("\n")[0], argv,
-                              ("pubsub", "publisher_service", "discovery", "log", "metrics"))
+                              ("pubsub", "publisher_service", "discovery", "etcd", "redis", "log", "metrics"))
     setup_logging(settings.log.level, settings.log.format)
     ps = settings.pubsub
     name = ps.publisher_name or f"{socket.gethostname()}/publisher-service"

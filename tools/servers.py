@@ -12,12 +12,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["ServerProcess", "EtcdServer", "RedisServer", "free_port"]
+__all__ = ["ServerProcess", "EtcdServer", "RedisServer", "TestCertificates", "free_port"]
 
 
 def free_port() -> int:
@@ -86,13 +87,15 @@ class ServerProcess:
 
 
 class EtcdServer(ServerProcess):
-    """A single-member etcd cluster."""
+    """A single-member etcd cluster; with ``tls`` (a :class:`TestCertificates`) it serves TLS only
+    and requires a client certificate signed by its CA."""
 
     binary = "etcd"
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, tls: TestCertificates | None = None):
         super().__init__(workdir)
         self.peer_port = free_port()
+        self.tls = tls
 
     @property
     def url(self) -> str:
@@ -100,27 +103,67 @@ class EtcdServer(ServerProcess):
 
     def argv(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
-        client = f"http://127.0.0.1:{self.port}"
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        tls = [] if self.tls is None else [
+            "--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
+            "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         return [
             "etcd", "--name", "test", "--data-dir", str(self.workdir / "data"),
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"test={peer}", "--max-request-bytes", str(4 << 20),
-            "--quota-backend-bytes", str(2 << 30), "--log-level", "warn",
+            "--quota-backend-bytes", str(2 << 30), "--log-level", "warn", *tls,
         ]
 
     def ready(self) -> bool:
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=str(self.tls.ca))
+            context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        scheme = "https" if self.tls else "http"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=0.5) as r:
+            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/health", timeout=0.5,
+                                        context=context) as r:
                 return json.loads(r.read()).get("health") == "true"
         except (OSError, ValueError):
             return False
 
 
+class TestCertificates:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, made with
+    openssl in ``workdir`` (EC keys: quick)."""
+
+    __test__ = False  # not a pytest class, despite its name
+
+    def __init__(self, workdir: Path):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.ca, ca_key = workdir / "ca.crt", workdir / "ca.key"
+        self.server_cert, self.server_key = workdir / "server.crt", workdir / "server.key"
+        self.client_cert, self.client_key = workdir / "client.crt", workdir / "client.key"
+        key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        _openssl("req", "-x509", *key, "-keyout", ca_key, "-out", self.ca, "-days", "2", "-subj", "/CN=dfpubsub-test-ca")
+        for cert, pem_key, name, usage in ((self.server_cert, self.server_key, "127.0.0.1", "serverAuth,clientAuth"),
+                                           (self.client_cert, self.client_key, "client", "clientAuth")):
+            csr, ext = workdir / f"{name}.csr", workdir / f"{name}.ext"
+            ext.write_text(f"subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n")
+            _openssl("req", *key, "-keyout", pem_key, "-out", csr, "-subj", f"/CN={name}")
+            _openssl("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", ca_key, "-CAcreateserial",
+                     "-out", cert, "-days", "2", "-extfile", ext)
+
+
+def _openssl(*args: object) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
 class RedisServer(ServerProcess):
-    """redis-server with an append-only file, so a kill loses at most a second."""
+    """redis-server with an append-only file, so a kill loses at most a second; ``users`` are ACL
+    lines (``"alice on >secret ~* &* +@all"``): with them the default user is off."""
 
     binary = "redis-server"
+
+    def __init__(self, workdir: Path, users: tuple[str, ...] = ()):
+        super().__init__(workdir)
+        self.users = users
 
     @property
     def url(self) -> str:
@@ -130,13 +173,15 @@ class RedisServer(ServerProcess):
         return [
             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
             "--save", "", "--appendonly", "yes", "--protected-mode", "yes", "--daemonize", "no",
+            *(arg for line in self.users for arg in ("--user", *line.split())),
+            *(("--user", "default", "off") if self.users else ()),
         ]
 
     def ready(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
+                return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

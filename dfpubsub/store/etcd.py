@@ -48,7 +48,7 @@ from aetcd.utils import prefix_range_end
 
 from .. import foreign
 from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
-from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints, status_code
+from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints, status_code
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .etcd_feed import EtcdFeedReader
@@ -234,7 +234,7 @@ class EtcdStore(Store):
         first, n = self._endpoint, len(self._endpoints)
         for i in range(n):
             self._endpoint = (first + i) % n
-            channel = grpc.insecure_channel(self._where(), options=_CHANNEL_OPTIONS)
+            channel = open_channel(self._where(), _CHANNEL_OPTIONS)
             if n == 1 or answers(channel, self.timeout / n):  # several: take the first that answers
                 return channel  # one: gRPC connects on the first call
             channel.close()

@@ -28,6 +28,7 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ..errors import HistoryGone, StoreError, StoreUnavailable
+from ..etcd_client import open_channel
 from ..events import Action
 from .feed import DEFAULT_BATCH, FeedEntry, FeedReader
 
@@ -110,7 +111,7 @@ class EtcdFeedReader(FeedReader):
                 yield rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
 
         error: Exception
-        channel = grpc.insecure_channel(store._where(), options=[("grpc.max_receive_message_length", _MAX_MESSAGE)])
+        channel = open_channel(store._where(), [("grpc.max_receive_message_length", _MAX_MESSAGE)])
         try:
             self._call = responses = rpc.WatchStub(channel).Watch(requests())
             for response in responses:

@@ -18,7 +18,7 @@ import grpc
 from aetcd import rpc
 
 from dfpubsub.errors import ClosedError, TransportError
-from dfpubsub.etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, parse_endpoints
+from dfpubsub.etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints
 
 __all__ = ["LIVE", "Conn", "Stubs"]
 
@@ -88,7 +88,7 @@ class Conn:
         options = [*_CHANNEL_OPTIONS, ("grpc.keepalive_timeout_ms", int(self.timeout * 1000))]
         for i in range(n):
             self._index = (first + i) % n
-            channel = grpc.insecure_channel(self._endpoints[self._index], options=options)
+            channel = open_channel(self._endpoints[self._index], options)
             if n == 1 or answers(channel, self.timeout / n):  # several: take the first that answers
                 return channel
             channel.close()

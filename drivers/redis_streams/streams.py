@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from dfpubsub.backend_access import redis_access
 from dfpubsub.errors import ConfigError
 
 log = logging.getLogger(__package__)  # one logger for the whole driver, as before the split
@@ -64,10 +65,12 @@ def _public_url(url: str) -> str:
 
 def _make_pool(url: str, timeout: float) -> redis.ConnectionPool:
     """A pool for ``url`` that never retries on its own; raises ConfigError for a bad URL."""
+    target, access = redis_access().connect_args(url)  # [redis]: user and TLS over the URL's
     try:
         return redis.ConnectionPool.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, protocol=2,
+            target, socket_timeout=timeout, socket_connect_timeout=timeout, protocol=2,
             retry=Retry(NoBackoff(), 0),  # the transports decide when to try again
+            **access,
         )
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL {_public_url(url)!r}: {exc}") from exc
