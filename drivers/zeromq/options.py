@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -37,6 +39,15 @@ class ZmqOptions(BaseModel):
     ipc_mode: int = Field(0o660, ge=0, le=0o777, description="Permissions of a bound ipc socket file.",
                           json_schema_extra={"octal": True})
     curve_secret_key: str | None = Field(None, description="Publisher: Z85 CURVE secret key; enables encryption.")
+    curve_secret_key_file: str = Field(
+        "", description="Publisher: a ZeroMQ certificate file (.key_secret, df-keys generate) instead of "
+                        "curve_secret_key; subscriber: its own key pair instead of curve_client_secret_key.")
+    curve_allowed_keys: list[str] = Field(
+        default_factory=list, description="Publisher with CURVE: Z85 public keys of the subscribers let in "
+                                          "(with curve_allowed_dir; neither: any subscriber).")
+    curve_allowed_dir: str = Field(
+        "", description="Publisher with CURVE: directory of subscribers' public key files, re-read when it "
+                        "changes (docs/security.md).")
     curve_server_key: str | None = Field(None, description="Subscriber: the publishers' Z85 CURVE public key.")
     curve_client_secret_key: str | None = Field(
         None, description="Subscriber: own Z85 CURVE secret key (a fresh one if unset)."
@@ -50,6 +61,12 @@ class ZmqOptions(BaseModel):
             key = getattr(self, name)
             if key is not None and len(key) != 40:
                 raise ValueError(f"{name} must be a 40-character Z85 key")
+        if any(len(k) != 40 for k in self.curve_allowed_keys):
+            raise ValueError("curve_allowed_keys must be 40-character Z85 public keys")
+        if self.curve_allowed_dir and not os.path.isdir(self.curve_allowed_dir):
+            raise ValueError(f"curve_allowed_dir {self.curve_allowed_dir!r} is not a directory")
+        if self.curve_secret_key_file and not os.path.isfile(self.curve_secret_key_file):
+            raise ValueError(f"curve_secret_key_file {self.curve_secret_key_file!r} is not a file")
         return self
 
 

@@ -9,6 +9,7 @@ from dfpubsub.codec import topic_frame
 from dfpubsub.errors import TransportError
 from dfpubsub.metrics import Stats
 
+from .curve import AllowedKeys, guard, load_secret_key, unguard
 from .ipc import bind, unlink_ipc
 from .options import ZmqOptions, common_options
 from .subscriptions import Subscriptions
@@ -29,10 +30,16 @@ class ZmqPublisher(PublisherTransport):
             self.sock.setsockopt(zmq.SNDHWM, opts.sndhwm)
             self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
             self.sock.setsockopt(zmq.XPUB_MANUAL, 1)
-            if opts.curve_secret_key:
+            secret = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
+                else opts.curve_secret_key
+            self._zap_domain = ""
+            if secret:
                 self.sock.curve_server = True
-                self.sock.curve_secretkey = opts.curve_secret_key.encode()
-                self.sock.curve_publickey = zmq.curve_public(opts.curve_secret_key.encode())
+                self.sock.curve_secretkey = secret.encode()
+                self.sock.curve_publickey = zmq.curve_public(secret.encode())
+                if opts.curve_allowed_keys or opts.curve_allowed_dir:
+                    self._zap_domain = guard(self.sock, AllowedKeys(opts.curve_allowed_keys,
+                                                                    opts.curve_allowed_dir, stats))
         except zmq.ZMQError as exc:
             self.sock.close(0)
             raise TransportError(f"cannot set up the publisher socket: {exc}") from exc
@@ -84,4 +91,6 @@ class ZmqPublisher(PublisherTransport):
 
     def close(self) -> None:
         self.sock.close()
+        if self._zap_domain:
+            unguard(self._zap_domain)
         unlink_ipc(self._uri)

@@ -14,6 +14,7 @@ from dfpubsub.codec import topic_frame
 from dfpubsub.errors import ClosedError, ConfigError, TransportError
 from dfpubsub.metrics import Stats
 
+from .curve import load_secret_key
 from .options import SCHEMES, ZmqOptions, common_options, recv_messages
 
 __all__ = ["ZmqSubscriber"]
@@ -32,7 +33,9 @@ class ZmqSubscriber(SubscriberTransport):
         common_options(self.sock, opts)
         self.sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
         if opts.curve_server_key:
-            secret = (opts.curve_client_secret_key or zmq.curve_keypair()[1].decode()).encode()
+            own = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
+                else opts.curve_client_secret_key
+            secret = (own or zmq.curve_keypair()[1].decode()).encode()
             self.sock.curve_serverkey = opts.curve_server_key.encode()
             self.sock.curve_secretkey = secret
             self.sock.curve_publickey = zmq.curve_public(secret)

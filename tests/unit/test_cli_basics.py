@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from dfpubsub.services import archiver, controller, feed, notify, publisher_service
-from dfpubsub.tools import demo, df_config, df_db, pipeline
+from dfpubsub.tools import demo, df_config, df_db, df_keys, pipeline
 
 from dfpubsub import __version__
 from dfpubsub.config import Settings, load_settings
@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MAINS = {
     "df-controller": controller.main, "df-notify": notify.main, "df-publisher-service": publisher_service.main,
     "df-archiver": archiver.main, "df-feed": feed.main, "df-pipeline": pipeline.main, "df-demo": demo.main, "df-config": df_config.main,
+    "df-keys": df_keys.main,
 }
 
 
