@@ -143,6 +143,7 @@ class PublisherAnnouncer:
             pid=os.getpid(),
             started_at=time.time() if started_at is None else started_at,
             topics=sorted(set(publisher.sequences() if topics is None else topics)),
+            curve_key=getattr(publisher.transport, "public_key", ""),
         )
         self.registration = discovery.register(record)
         if topics is None:
@@ -191,6 +192,7 @@ class DiscoveryConnector:
         self._lock = threading.Lock()
         self._uris_of: dict[str, list[str]] = {}  # publisher id -> URIs it holds connected
         self._owners: dict[str, set[str]] = {}  # URI connected by us -> publisher ids listing it
+        self._curve_keys: dict[str, str] = {}  # publisher id -> its CURVE public key, to pin
         self.watcher = discovery.watch(self._added, self._removed, self._updated)
 
     @property
@@ -230,10 +232,12 @@ class DiscoveryConnector:
         if self.accept is not None and not self.accept(record):
             return
         with self._lock:
+            self._curve_keys[record.publisher_id] = record.curve_key
             self._hold(record.publisher_id, record.uris)
 
     def _updated(self, record: PublisherRecord) -> None:
         with self._lock:
+            self._curve_keys[record.publisher_id] = record.curve_key
             old = self._uris_of.pop(record.publisher_id, [])
             if self.accept is None or self.accept(record):
                 self._hold(record.publisher_id, record.uris)  # connect what is new before dropping what went
@@ -242,6 +246,7 @@ class DiscoveryConnector:
 
     def _removed(self, record: PublisherRecord) -> None:
         with self._lock:
+            self._curve_keys.pop(record.publisher_id, None)
             self._release(record.publisher_id, self._uris_of.pop(record.publisher_id, []))
 
     def _hold(self, publisher_id: str, uris: list[str]) -> None:
@@ -253,6 +258,10 @@ class DiscoveryConnector:
             if owners is None:
                 if uri in self._transport_endpoints():  # connected by someone else: not ours
                     continue
+                if key := self._curve_keys.get(publisher_id, ""):
+                    pin = getattr(self.subscriber.transport, "pin", None)  # zmq: CURVE per endpoint
+                    if pin is not None:
+                        pin(uri, key)
                 if not self._call(self.subscriber.connect, uri):
                     continue
                 owners = self._owners[uri] = set()

@@ -46,6 +46,7 @@ log = logging.getLogger("dfpubsub.discovery")
 RecordCallback = Callable[["PublisherRecord"], None]
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_Z85 = re.compile(r"[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40}")
 
 
 def check_timing(ttl: float, renew_interval: float) -> None:
@@ -78,6 +79,8 @@ class PublisherRecord:
     started_at: float
     topics: list[str]
     lease_left: float | None = field(default=None, compare=False)
+    #: The publisher's CURVE public key (Z85) when it encrypts: what a discovering subscriber pins.
+    curve_key: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.publisher_id, str) or not _ID.fullmatch(self.publisher_id):
@@ -95,6 +98,8 @@ class PublisherRecord:
         if isinstance(self.started_at, bool) or not isinstance(self.started_at, (int, float)):
             raise ValueError(f"started_at must be Unix seconds, got {self.started_at!r}")
         object.__setattr__(self, "started_at", float(self.started_at))
+        if not isinstance(self.curve_key, str) or self.curve_key and not _Z85.fullmatch(self.curve_key):
+            raise ValueError(f"curve_key must be a 40-character Z85 key, got {self.curve_key!r}")
 
     @property
     def age(self) -> float:
@@ -106,6 +111,7 @@ class PublisherRecord:
         return {
             "publisher_id": self.publisher_id, "name": self.name, "uris": list(self.uris), "host": self.host,
             "pid": self.pid, "started_at": self.started_at, "topics": list(self.topics),
+            **({"curve_key": self.curve_key} if self.curve_key else {}),
         }
 
     def to_json(self) -> bytes:
@@ -123,7 +129,7 @@ class PublisherRecord:
             raise ValueError("not a JSON object")
         try:
             return cls(obj["publisher_id"], obj["name"], obj["uris"], obj["host"], obj["pid"], obj["started_at"],
-                       obj["topics"], lease_left)
+                       obj["topics"], lease_left, obj.get("curve_key", ""))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"missing or bad field: {exc}") from exc
 

@@ -33,6 +33,8 @@ class ZmqPublisher(PublisherTransport):
             secret = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
                 else opts.curve_secret_key
             self._zap_domain = ""
+            #: The CURVE public key (Z85) subscribers pin; discovery rows carry it.
+            self.public_key = zmq.curve_public(secret.encode()).decode() if secret else ""
             if secret:
                 self.sock.curve_server = True
                 self.sock.curve_secretkey = secret.encode()

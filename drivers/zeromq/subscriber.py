@@ -32,11 +32,16 @@ class ZmqSubscriber(SubscriberTransport):
         self.sock = ctx.socket(zmq.SUB)
         common_options(self.sock, opts)
         self.sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
-        if opts.curve_server_key:
-            own = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
-                else opts.curve_client_secret_key
+        own = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
+            else opts.curve_client_secret_key
+        #: CURVE is on when the subscriber has a publisher key or a key pair of its own; then
+        #: every endpoint is connected with its pinned key (pin()), or curve_server_key.
+        self._curve = bool(opts.curve_server_key or own)
+        self._pins: dict[str, bytes] = {}
+        if self._curve:
             secret = (own or zmq.curve_keypair()[1].decode()).encode()
-            self.sock.curve_serverkey = opts.curve_server_key.encode()
+            if opts.curve_server_key:
+                self.sock.curve_serverkey = opts.curve_server_key.encode()
             self.sock.curve_secretkey = secret
             self.sock.curve_publickey = zmq.curve_public(secret)
         wake_addr = f"inproc://dfpubsub-wake-{id(self):x}"
@@ -83,6 +88,8 @@ class ZmqSubscriber(SubscriberTransport):
         def run() -> None:
             if uri not in self.endpoints:
                 try:
+                    if self._curve:  # libzmq takes the key in force when connect() is called
+                        self.sock.curve_serverkey = self._pins.get(uri) or (self.opts.curve_server_key or "").encode()
                     self.sock.connect(uri)
                 except zmq.ZMQError as exc:
                     self.stats.inc("drops", reason="bad_endpoint")
@@ -90,6 +97,13 @@ class ZmqSubscriber(SubscriberTransport):
                 self.endpoints.add(uri)
 
         self._command(run)
+
+    def pin(self, uri: str, public_key: str) -> None:
+        """Connect ``uri`` (from now on) only to the publisher holding ``public_key`` (Z85), when
+        CURVE is on: what discovery rows carry (docs/security.md)."""
+        if len(public_key) != 40:
+            raise ConfigError(f"a CURVE public key is 40 Z85 characters, not {public_key!r}")
+        self._pins[uri] = public_key.encode()
 
     def disconnect(self, uri: str) -> None:
         def run() -> None:

@@ -94,3 +94,42 @@ def test_df_keys_shows_lists_and_refuses_bad_input_in_one_line(tmp_path):
                  ("show", str(tmp_path / "keys")), ("list", str(tmp_path / "nope")), ("frobnicate",)):
         out = df_keys(*args)
         assert out.returncode in (1, 2) and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, args
+
+
+def test_a_subscriber_pins_the_key_each_discovered_publisher_registered(tmp_path):
+    from dfpubsub.discovery import DiscoveryConnector, PublisherAnnouncer, open_discovery
+    from dfpubsub.discovery.api import PublisherRecord
+
+    discovery = open_discovery(f"sqlite:///{tmp_path}/nb.sqlite", ttl=3.0, renew_interval=1.0)
+    pubs = [make_pub(name=f"p{i}", options={"curve_secret_key": zmq.curve_keypair()[1].decode()}) for i in range(2)]
+    announcers = [PublisherAnnouncer(discovery, p, ["t"]) for p in pubs]
+    assert {a.record.curve_key for a in announcers} == {p.transport.public_key for p in pubs}
+    # An impostor's row names a real publisher's key for its own endpoint: the handshake fails.
+    impostor = make_pub(name="impostor", options={"curve_secret_key": zmq.curve_keypair()[1].decode()})
+    fake = discovery.register(PublisherRecord("impostor1", "impostor", [impostor.transport.uri], "h", 1, 0.0, ["t"],
+                                              curve_key=pubs[0].transport.public_key))
+    _keys(tmp_path, "sub")
+    sink = Sink(["t"], options={"curve_secret_key_file": str(tmp_path / "keys" / "sub.key_secret")})
+    connector = DiscoveryConnector(discovery, sink.sub)
+    sink.sub.start()
+    try:
+        wait_for(lambda: len(connector.connected) == 3, what="the three rows connected")
+        for i, p in enumerate(pubs):
+            wait_for(lambda p=p, i=i: (p.publish("t", "tbl", f"real{i}", "create", 1), f"real{i}" in sink.keys())[1],
+                     what=f"publisher {i}'s events")
+        for i in range(20):
+            impostor.publish("t", "tbl", f"fake{i}", "create", 1)
+            impostor.flush()
+        wait_for(lambda: impostor.stats.get("envelopes_out") >= 20, what="the impostor's sends")
+        pubs[0].publish("t", "tbl", "last", "create", 1)
+        wait_for(lambda: "last" in sink.keys(), what="an event sent after the impostor's")
+        assert not any(k.startswith("fake") for k in sink.keys())
+    finally:
+        connector.close()
+        sink.sub.close()
+        fake.close()
+        for a in announcers:
+            a.close()
+        for p in (*pubs, impostor):
+            p.close()
+        discovery.close()
