@@ -42,6 +42,10 @@ class ZmqOptions(BaseModel):
     curve_secret_key_file: str = Field(
         "", description="Publisher: a ZeroMQ certificate file (.key_secret, df-keys generate) instead of "
                         "curve_secret_key; subscriber: its own key pair instead of curve_client_secret_key.")
+    worker_curve_key_file: str = Field(
+        "", description="Publisher service and its workers: the host's CURVE key pair (a .key_secret file, "
+                        "mode 0600) on the ipc link: the service serves with it and lets in only workers that "
+                        "present it (empty: the socket file's mode alone guards the link).")
     curve_allowed_keys: list[str] = Field(
         default_factory=list, description="Publisher with CURVE: Z85 public keys of the subscribers let in "
                                           "(with curve_allowed_dir; neither: any subscriber).")
@@ -65,8 +69,10 @@ class ZmqOptions(BaseModel):
             raise ValueError("curve_allowed_keys must be 40-character Z85 public keys")
         if self.curve_allowed_dir and not os.path.isdir(self.curve_allowed_dir):
             raise ValueError(f"curve_allowed_dir {self.curve_allowed_dir!r} is not a directory")
-        if self.curve_secret_key_file and not os.path.isfile(self.curve_secret_key_file):
-            raise ValueError(f"curve_secret_key_file {self.curve_secret_key_file!r} is not a file")
+        for name in ("curve_secret_key_file", "worker_curve_key_file"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{name} {path!r} is not a file")
         return self
 
 

@@ -17,6 +17,7 @@ from dfpubsub.codec import topic_frame
 from dfpubsub.errors import TransportError
 from dfpubsub.metrics import Stats
 
+from .curve import AllowedKeys, guard, load_secret_key, unguard
 from .ipc import bind, unlink_ipc
 from .options import ZmqOptions, common_options, recv_messages
 
@@ -44,6 +45,10 @@ class WorkerPush(PublisherTransport):
         self.sock = self._ctx.socket(zmq.PUSH)
         common_options(self.sock, opts)
         self.sock.setsockopt(zmq.SNDHWM, opts.worker_hwm)
+        if opts.worker_curve_key_file:  # present the host's key and pin it on the service
+            secret = load_secret_key(opts.worker_curve_key_file).encode()
+            self.sock.curve_secretkey = secret
+            self.sock.curve_publickey = self.sock.curve_serverkey = zmq.curve_public(secret)
         try:
             self.sock.connect(ipc_url(socket_path))
         except zmq.ZMQError as exc:
@@ -78,6 +83,14 @@ class WorkerIngress(IngressTransport):
         self.sock = zmq.Context.instance().socket(zmq.PULL)
         common_options(self.sock, opts)
         self.sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
+        self._zap_domain = ""
+        if opts.worker_curve_key_file:  # only workers holding the host's secret key get in
+            secret = load_secret_key(opts.worker_curve_key_file).encode()
+            public = zmq.curve_public(secret)
+            self.sock.curve_server = True
+            self.sock.curve_secretkey = secret
+            self.sock.curve_publickey = public
+            self._zap_domain = guard(self.sock, AllowedKeys([public.decode()], "", stats))
         self._uri = bind(self.sock, ipc_url(socket_path), opts.ipc_mode)
         self._topics: dict[bytes, str] = {}
 
@@ -112,3 +125,5 @@ class WorkerIngress(IngressTransport):
     def close(self) -> None:
         self.sock.close(0)
         unlink_ipc(self._uri)
+        if self._zap_domain:
+            unguard(self._zap_domain)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import zmq
+import zmq.auth
 
 from tests.conftest import wait_for
 from tests.functional.zmq_helpers import Sink, make_pub
@@ -133,3 +134,37 @@ def test_a_subscriber_pins_the_key_each_discovered_publisher_registered(tmp_path
         for p in (*pubs, impostor):
             p.close()
         discovery.close()
+
+
+def test_the_publisher_service_takes_only_workers_holding_the_hosts_key(tmp_path):
+    from dfpubsub.drivers.zeromq.options import ZmqOptions
+    from dfpubsub.drivers.zeromq.workers import WorkerIngress, WorkerPush
+
+    from dfpubsub.metrics import Stats
+
+    _keys(tmp_path, "host")
+    opts = ZmqOptions(worker_curve_key_file=str(tmp_path / "keys" / "host.key_secret"))
+    stats = Stats("publisher_service", "svc")
+    ingress = WorkerIngress(str(tmp_path / "w.sock"), opts, stats)
+    worker = WorkerPush(str(tmp_path / "w.sock"), opts, Stats("publisher", "w"))
+    stranger = WorkerPush(str(tmp_path / "w.sock"), ZmqOptions(), Stats("publisher", "x"))  # no key
+    # One that knows the service's public key but holds another pair: refused by the ZAP handler.
+    wrong = zmq.Context.instance().socket(zmq.PUSH)
+    wrong.curve_serverkey = zmq.auth.load_certificate(tmp_path / "keys" / "host.key")[0]
+    wrong.curve_publickey, wrong.curve_secretkey = zmq.curve_keypair()
+    wrong.connect(f"ipc://{tmp_path / 'w.sock'}")
+    try:
+        stranger.send("x", b"frame")
+        wrong.send_multipart([b"y\x00", b"frame"])
+        worker.send("a", b"frame")
+        got = []
+        wait_for(lambda: got.extend(ingress.recv(0.1)) or any(t == "a" for t, _ in got), what="the worker's frame")
+        wait_for(lambda: stats.get("drops", "curve_refused") >= 1, what="the other pair refused")
+        got.extend(ingress.recv(0.3))
+        assert [t for t, _ in got] == ["a"]
+    finally:
+        wrong.close(0)
+        for push in (worker, stranger):
+            push.sock.setsockopt(zmq.LINGER, 0)
+            push.close()
+        ingress.close()
