@@ -352,6 +352,15 @@ class QueueStore(abc.ABC):
         """Delete the dead letters of one queue (all if None); how many."""
         return self._purge_dead_letters(name)
 
+    def redrive(self, name: str, marker: str) -> str | None:
+        """Put dead letter ``marker`` of queue ``name`` back at the end of its queue: the letter
+        leaves the dead letters and its data becomes a new entry in one atomic step, so a crash
+        or a concurrent redrive never loses nor duplicates it. The new entry's marker; None if
+        there is no such letter (redriven or purged meanwhile). QueueFull if the queue has no
+        room for it (the letter stays)."""
+        marker_seq(marker)
+        return self._redrive(name, marker, self.clock())
+
     # -- small records (topics, notification configurations) -------------------------------
 
     def put_record(self, kind: str, name: str, data: bytes) -> None:
@@ -453,6 +462,9 @@ class QueueStore(abc.ABC):
 
     @abc.abstractmethod
     def _purge_dead_letters(self, name: str | None) -> int: ...
+
+    @abc.abstractmethod
+    def _redrive(self, name: str, marker: str, now: float) -> str | None: ...
 
     @abc.abstractmethod
     def _put_record(self, kind: str, name: str, data: bytes) -> None: ...

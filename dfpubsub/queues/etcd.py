@@ -442,6 +442,33 @@ class EtcdQueues(QueueStore):
         resp = self._send([], [rpc.DeleteRangeRequest(key=prefix, range_end=prefix_range_end(prefix))])
         return int(resp.responses[0].response_delete_range.deleted)
 
+    def _redrive(self, name: str, mk: str, now: float) -> str | None:
+        key, state_key, prefix = self._dead + f"{name}/{mk}".encode(), self._state_key(name), self._entry_prefix(name)
+        while True:
+            (revision, state), (found,) = self._read(name, rpc.RangeRequest(key=key))
+            if not found.kvs:
+                return None
+            kv = found.kvs[0]
+            letter = foreign.decode("queue_dead_letter", kv.key, dead_letter, name, mk, kv.value)
+            if letter is None:
+                return None
+            new = _live(state, now)
+            used = new[_BYTES] + sum(r[0] for r in new[_RES].values())
+            if used + len(letter.data) > new[_MAX_BYTES] or new[_ENTRIES] + len(new[_RES]) + 1 > new[_MAX_ENTRIES]:
+                raise QueueFull(name, f"no room to redrive a dead letter of {len(letter.data)} bytes")
+            new[_SEQ] += 1
+            new[_ENTRIES] += 1
+            new[_BYTES] += len(letter.data)
+            # Both the queue and the letter as read: a concurrent redrive or purge makes this fail
+            # and the loop read again, so a letter is moved once.
+            resp = self._send([_mod_is(state_key, revision), _mod_is(key, kv.mod_revision)], [
+                rpc.PutRequest(key=state_key, value=_pack(new)),
+                rpc.PutRequest(key=prefix + marker(new[_SEQ]).encode(), value=_AT.pack(now) + letter.data),
+                rpc.DeleteRangeRequest(key=key)])
+            if resp.succeeded:
+                self._remember(name, resp.header.revision, new)
+                return marker(new[_SEQ])
+
     # -- records ---------------------------------------------------------------------------------------------
 
     def _record_key(self, kind: str, name: str) -> bytes:

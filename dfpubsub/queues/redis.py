@@ -249,6 +249,26 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 return redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
 """
 
+# KEYS: meta, reservations, entries, dead letters. ARGV: now, marker, the letter as read (packed),
+# its data. Moves the letter back to the end of its queue if it is still the one read: the new
+# sequence number; 0 if the letter went meanwhile; -1 no queue; -2 no room; {-4, culprit, why}.
+_REDRIVE = _LIB + """
+if redis.call('HGET', KEYS[4], ARGV[2]) ~= ARGV[3] then
+  if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+  return 0
+end
+local q, culprit, why = queue_read(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
+if q == nil then return -1 end
+if q == false then return {-4, culprit, why} end
+local size = string.len(ARGV[4])
+if q.used + size > q.max_bytes or q.count + 1 > q.max_entries then return -2 end
+local seq = q.seq + 1
+redis.call('XADD', KEYS[3], int(seq) .. '-0', 't', ARGV[1], 'd', ARGV[4])
+redis.call('HSET', KEYS[1], 'seq', int(seq), 'bytes', int(q.bytes + size))
+redis.call('HDEL', KEYS[4], ARGV[2])
+return seq
+"""
+
 # KEYS: dead letters.
 _PURGE = """
 local n = redis.call('HLEN', KEYS[1])
@@ -317,7 +337,7 @@ _SCRIPTS = {
     "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "remove_ids": _REMOVE_IDS,
     "stats": _STATS,
     "create": _CREATE, "delete": _DELETE, "lock": _LOCK, "unlock": _UNLOCK, "dead_letter": _DEAD_LETTER,
-    "purge": _PURGE,
+    "purge": _PURGE, "redrive": _REDRIVE,
 }
 
 
@@ -605,6 +625,32 @@ class RedisQueues(QueueStore):
     def _purge_dead_letters(self, name: str | None) -> int:
         return sum(self._run("purge", f"purge dead letters of {queue}", self._keys(queue, "d"), [])
                    for queue in (self._list_queues() if name is None else [name]))
+
+    def _redrive(self, name: str, mk: str, now: float) -> str | None:
+        dead = self._keys(name, "d")[0]
+        c = self._client.get()
+        with self._errors(f"redrive in {name}"):
+            try:
+                packed = c.r.hget(dead, mk)
+            except redis.ResponseError as exc:  # the dead letters are not a hash: none to redrive
+                foreign.skip("queue_dead_letter", dead, "wrong_type", str(exc))
+                return None
+        letter = None if packed is None else foreign.decode(
+            "queue_dead_letter", f"{dead} field {mk}", dead_letter, name, mk, packed)
+        if letter is None:
+            with self._errors(f"redrive in {name}"):
+                if not c.r.exists(self._keys(name, "m")[0]):
+                    raise QueueNotFound(f"no queue {name!r}")
+            return None
+        res = self._run("redrive", f"redrive in {name}", self._keys(name, "m", "r", "e", "d"),
+                        [repr(now), mk, packed, letter.data])
+        if res.__class__ is list:
+            raise self._foreign(name, res)
+        if res == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        if res == _FULL:
+            raise QueueFull(name, f"no room to redrive a dead letter of {len(letter.data)} bytes")
+        return marker(res) if res else None
 
     # -- records -----------------------------------------------------------------------------------
 

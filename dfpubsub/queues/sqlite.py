@@ -504,6 +504,26 @@ class SqliteQueues(QueueStore):
             return self._run(lambda c: c.execute("DELETE FROM q_dead_letters").rowcount)
         return self._run(lambda c: c.execute("DELETE FROM q_dead_letters WHERE queue = ?", (name,)).rowcount)
 
+    def _redrive(self, name: str, mk: str, now: float) -> str | None:
+        def run(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute("SELECT data FROM q_dead_letters WHERE queue = ? AND marker = ?",
+                               (name, mk)).fetchone()
+            if row is None:
+                self._require(conn, name)
+                return None
+            if not isinstance(row[0], bytes):
+                foreign.skip("queue_dead_letter", f"q_dead_letters row ({name!r}, {mk!r})", "wrong_type")
+                return None
+            args = {"size": len(row[0]), "now": now, "data": row[0], "name": name}
+            conn.execute(_SWEEP, (name, now))
+            got = conn.execute(_APPEND + " RETURNING seq", args).fetchall()
+            if not got:
+                raise QueueFull(name, f"no room to redrive a dead letter of {len(row[0])} bytes")
+            conn.execute("DELETE FROM q_dead_letters WHERE queue = ? AND marker = ?", (name, mk))
+            return marker(got[0][0])
+
+        return self._tx(run)
+
     # -- records -------------------------------------------------------------------------------------
 
     def _put_record(self, kind: str, name: str, data: bytes) -> None:

@@ -121,3 +121,30 @@ def test_queues_url_overrides_the_store(tmp_path):
     assert ok(env, "queues", "list") == []
     assert [q["queue"] for q in ok(env, "--queues", f"sqlite:///{tmp_path}/queues.sqlite", "queues", "list")] == [
         "elsewhere"]
+
+
+def test_dead_letters_are_redriven_into_their_queue_and_purged(queues):
+    env, store = queues
+    store.create_queue("orders", max_bytes=1 << 20, max_entries=4)
+    for i in range(3):
+        store.commit("orders", store.reserve("orders", 200), _notification(f"k{i}", 1))
+    entries = store.list("orders")[0]
+    store.set_aside("orders", entries[:2], "max_retries")
+    store.set_aside("orders", entries[2:], "time_to_live")
+    assert [d["marker"] for d in ok(env, "deadletters", "orders")] == [e.marker for e in entries]
+    refused(env, "redrive", "orders")  # all of a queue needs --yes (no terminal here)
+    # One by its marker, then those of a reason, then the rest.
+    moved = ok(env, "redrive", "orders", entries[0].marker.lstrip("0"))
+    assert [m["marker"] for m in moved] == [entries[0].marker]
+    assert ok(env, "redrive", "orders", "--reason", "time_to_live", "--yes")[0]["marker"] == entries[2].marker
+    assert [d["marker"] for d in ok(env, "deadletters", "orders")] == [entries[1].marker]
+    # The queue holds what came back, once each, after what it held.
+    assert sorted(e.data for e in store.list("orders")[0]) == sorted([entries[0].data, entries[2].data])
+    store.commit("orders", store.reserve("orders", 200), _notification("k9", 1))
+    store.commit("orders", store.reserve("orders", 200), _notification("k8", 1))
+    assert "no room" in refused(env, "redrive", "orders", "--yes")  # full: the letter stays
+    assert len(ok(env, "deadletters", "orders")) == 1
+    refused(env, "purge-deadletters", "orders")
+    assert ok(env, "purge-deadletters", "orders", "--yes") == {"purged": 1}
+    assert ok(env, "deadletters") == [] and ok(env, "redrive", "orders", "--yes") == []
+    refused(env, "redrive", "nope", "--yes")

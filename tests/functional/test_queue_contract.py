@@ -320,6 +320,28 @@ def test_dead_letters(q):
     assert q.purge_dead_letters() == 1 and q.list_dead_letters() == []
 
 
+def test_a_dead_letter_is_redriven_once_to_the_end_of_its_queue(q, opened):
+    q.create_queue("t", max_bytes=1000, max_entries=3)
+    first = q.commit("t", q.reserve("t", 10), b"first")
+    entry = q.list("t")[0][0]
+    assert q.set_aside("t", [entry], "max_retries") == 1
+    q.commit("t", q.reserve("t", 10), b"second")
+    again = q.redrive("t", first)
+    assert again is not None and again > first
+    assert [e.data for e in q.list("t")[0]] == [b"second", b"first"]
+    assert q.list_dead_letters("t") == [] and stats(q, "t")[:2] == (2, len(b"second") + len(b"first"))
+    # Gone meanwhile (redriven by someone else, purged): nothing happens, twice over.
+    assert q.redrive("t", first) is None and opened().redrive("t", first) is None
+    assert len(q.list("t")[0]) == 2
+    # No room: the letter stays where it is.
+    q.dead_letter("t", "9".zfill(20), b"x" * 990, "max_retries")
+    with pytest.raises(QueueFull):
+        q.redrive("t", "9".zfill(20))
+    assert [d.marker for d in q.list_dead_letters("t")] == ["9".zfill(20)]
+    with pytest.raises(QueueNotFound):
+        q.redrive("nope", first)
+
+
 def test_records(q):
     assert q.get_record("topic", "t1") is None and q.list_records("topic") == {}
     q.put_record("topic", "t1", b"one")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any
 
 import typer
 
+from dfpubsub.errors import DfPubSubError
 from dfpubsub.notify import NotificationRegistry
 
-from .context import public_url, state
+from .context import CliState, confirm, public_url, state
 from .output import Column, when
 from .queue_cmds import notification_doc
 
@@ -40,6 +42,74 @@ def deadletters(
         Column("at", "at", when), Column("reason", "reason"), Column("key", "key"),
         Column("bytes", "bytes", justify="right"),
     ])
+
+
+@app.command()
+def redrive(
+    ctx: typer.Context,
+    queue: Annotated[str, typer.Argument(help="The queue whose dead letters go back.")],
+    markers: Annotated[list[str] | None, typer.Argument(metavar="[MARKER]...",
+                                                        help="These dead letters (default: all of the queue).")] = None,
+    older_than: Annotated[float | None, typer.Option("--older-than", metavar="SECONDS", min=0,
+                                                     help="Only letters set aside this long ago or more.")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Only letters set aside for this reason.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Put dead letters back at the end of their queue for another delivery (each one atomically:
+    never lost nor duplicated); stops at the first that does not fit."""
+    st = state(ctx)
+    with st.open_queues() as store:
+        store.queue_info(queue)
+        letters = store.list_dead_letters(queue, 1 << 30)
+        wanted = {m.zfill(20) for m in markers or ()}
+        now = time.time()
+        chosen = [d for d in letters if (not wanted or d.marker in wanted)
+                  and (older_than is None or now - d.at >= older_than) and (reason is None or d.reason == reason)]
+        if not chosen:
+            if st.out.json:
+                st.out.document([])
+            else:
+                st.out.note(f"no dead letters of {queue} match")
+            return
+        confirm(f"redrive {len(chosen)} dead letter(s) of {queue}", yes or bool(markers))
+        moved: list[dict[str, Any]] = []
+        try:
+            for d in chosen:
+                new = store.redrive(queue, d.marker)
+                if new is not None:
+                    moved.append({"queue": queue, "marker": d.marker, "entry": new, "reason": d.reason})
+        except DfPubSubError:
+            if moved:  # what did move, before the one-line error
+                _show_moved(st, moved)
+            raise
+        _show_moved(st, moved)
+
+
+def _show_moved(st: CliState, moved: list[dict[str, Any]]) -> None:
+    if st.out.json:
+        st.out.document(moved)
+        return
+    st.out.rows(moved, [Column("queue", "queue"), Column("marker", "marker", justify="right"),
+                        Column("entry", "entry", justify="right"), Column("reason", "reason")])
+
+
+@app.command("purge-deadletters")
+def purge_deadletters(
+    ctx: typer.Context,
+    queue: Annotated[str | None, typer.Argument(help="Only this queue (default: every queue).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete dead letters for good."""
+    st = state(ctx)
+    with st.open_queues() as store:
+        if queue is not None:
+            store.queue_info(queue)
+        confirm(f"delete the dead letters of {queue or 'every queue'}", yes)
+        n = store.purge_dead_letters(queue)
+    if st.out.json:
+        st.out.document({"purged": n})
+    else:
+        st.out.note(f"purged {n} dead letter(s)")
 
 
 @app.command()
