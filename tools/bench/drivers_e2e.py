@@ -2,7 +2,7 @@
 
 For each driver a private server is started on a free loopback port; one
 publisher process and one subscriber process run the full dfpubsub stack
-(see :mod:`dfpubsub.tools.bench.e2e`) flat out (events/s delivered) and at half
+(see e2e.py) flat out (events/s delivered) and at half
 that rate (p50/p99 latency), and account for every event (``lost_undetected``).
 The baseline, in the same run, is the raw client writing the same ~200-byte
 events, one msgpack message per event: pipelined ``XADD`` (1000 per round trip)
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from dfpubsub.tools.bench.e2e import KEYS, TABLE, TOPICS, VALUE, DriverSpec, run_phase
 from dfpubsub.tools.servers import EtcdServer, RedisServer
+from e2e import KEYS, TABLE, TOPICS, VALUE, DriverSpec, run_phase
 
 
 def _events(n: int) -> list[bytes]:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drivers", default="redis,etcd")
     args = parser.parse_args(argv)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["msgpack", "dfpubsub.tools.bench.e2e"])
+    ctx.set_forkserver_preload(["msgpack", "e2e"])
     result: dict[str, Any] = {"bench": "drivers_e2e"}
     lost = 0
     with tempfile.TemporaryDirectory(prefix="bench-drivers-") as tmp:

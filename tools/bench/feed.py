@@ -31,7 +31,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from dfpubsub.tools.bench.backends import bench_store
+from backends import bench_store
 
 from dfpubsub.feed_publisher import FeedPublisher
 from dfpubsub.metrics import Stats

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import msgpack
-from dfpubsub.tools.bench.backends import bench_store
+from backends import bench_store
 
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi

@@ -31,10 +31,10 @@ import sys
 import tempfile
 from typing import Any
 
-from dfpubsub.tools.bench.backends import bench_store
-from dfpubsub.tools.bench.nb_write import TABLES, VALUE, nbapi_rate
-from dfpubsub.tools.bench.notify_delivery import delivery_rate
-from dfpubsub.tools.bench.notify_isolation import isolation_p99
+from backends import bench_store
+from nb_write import TABLES, VALUE, nbapi_rate
+from notify_delivery import delivery_rate
+from notify_isolation import isolation_p99
 
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
 from dfpubsub.notify.producer import Notifier

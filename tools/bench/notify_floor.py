@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from dfpubsub.tools.bench.nb_write import VALUE
 from dfpubsub.tools.servers import RedisServer
+from nb_write import VALUE
 
 from dfpubsub.queues.sqlite import _APPEND as APPEND
 from dfpubsub.queues.sqlite import _SCHEMA as QUEUE_SCHEMA

@@ -34,7 +34,8 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
-from dfpubsub.tools.bench.e2e import (
+from dfpubsub.tools.servers import free_port
+from e2e import (
     CONNECT_TIMEOUT,
     EVENT_BYTES,
     HWM,
@@ -48,7 +49,6 @@ from dfpubsub.tools.bench.e2e import (
     stop_all,
     warm_up,
 )
-from dfpubsub.tools.servers import free_port
 
 from dfpubsub.config import load_settings
 from dfpubsub.factory import create_publisher
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = max(1, args.rounds)
     phase = args.seconds / rounds / 2
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["zmq", "msgpack", "dfpubsub.tools.bench.e2e", "dfpubsub.drivers.zeromq"])
+    ctx.set_forkserver_preload(["zmq", "msgpack", "e2e", "dfpubsub.drivers.zeromq"])
     print(f"publisher_service: {EVENT_BYTES}-byte events on {len(TOPICS)} topics, {args.workers} workers, "
           f"about {args.seconds:g}s", flush=True)
     direct = via = 0.0

@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Any
 
-from dfpubsub.tools.bench.backends import bench_store
+from backends import bench_store
 
 from dfpubsub.controller import Controller
 from dfpubsub.metrics import Stats

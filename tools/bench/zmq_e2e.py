@@ -33,7 +33,7 @@ from typing import Any
 
 import msgpack
 import zmq
-from dfpubsub.tools.bench.e2e import (
+from e2e import (
     CONNECT_TIMEOUT,
     EVENT_BYTES,
     HWM,
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     total, rounds = args.seconds, max(1, args.rounds)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["zmq", "msgpack", "dfpubsub.tools.bench.e2e", "dfpubsub.drivers.zeromq"])
+    ctx.set_forkserver_preload(["zmq", "msgpack", "e2e", "dfpubsub.drivers.zeromq"])
     print(f"zmq_e2e: {EVENT_BYTES}-byte events on {len(TOPICS)} topics, about {total:g}s", flush=True)
     base_rate = flat_rate = 0.0
     lost = 0

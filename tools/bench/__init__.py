@@ -1,1 +1,0 @@
-"""Benchmarks; each prints its figures and ends with one JSON line."""
