@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import sys
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -16,6 +17,7 @@ from dfpubsub.errors import DfPubSubError
 from dfpubsub.factory import create_publisher
 from dfpubsub.nbapi import NbApi, open_store_from_settings
 from dfpubsub.notify.wiring import queues_from_settings
+from dfpubsub.publisher import Publisher
 from dfpubsub.queues import QueueStore
 from dfpubsub.store import Store, require_sqlite_file
 
@@ -23,6 +25,8 @@ from .output import Output, fail
 
 __all__ = ["Format", "CliState", "state", "confirm", "public_url"]
 
+#: Seconds a writing df-db that binds a ZeroMQ endpoint waits for subscribers to join.
+LISTEN_WAIT = 1.0
 #: Name of df-db's publisher, so subscribers and the discovery table show who wrote.
 PUBLISHER_NAME = "df-db"
 
@@ -61,10 +65,13 @@ class CliState:
         configured driver."""
         store = self.open_store(create=True)
         try:
-            return NbApi(store, create_publisher(self.settings, PUBLISHER_NAME) if publish else None)
+            publisher = create_publisher(self.settings, PUBLISHER_NAME) if publish else None
         except DfPubSubError:
             store.close()
             raise
+        if isinstance(publisher, Publisher):
+            _await_listeners(publisher)
+        return NbApi(store, publisher)
 
     def open_queues(self, create: bool = False) -> QueueStore:
         """The notification queues: ``--queues`` over ``notify.url`` (default: the store's URL);
@@ -109,3 +116,18 @@ def public_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = f"{parts.username}@" if parts.username else ""
     return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def _await_listeners(publisher: Publisher, wait: float = LISTEN_WAIT) -> None:
+    """A one-shot df-db that binds a ZeroMQ endpoint publishes before any subscriber found it (a
+    ``df-db watch`` reconnects every 100 ms): give them ``wait`` seconds to join, and say so
+    when nobody did, rather than publish into the void silently."""
+    uri = publisher.transport.uri
+    if not uri.startswith(("tcp://", "ipc://")):
+        return  # a driver through a server (etcd, Redis) keeps what is published for later readers
+    deadline = time.monotonic() + wait
+    while publisher.stats.get("subscribers_joined") == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if publisher.stats.get("subscribers_joined") == 0:
+        print(f"df-db: no subscriber was listening on {uri}; the change is stored all the same "
+              "(a running df-feed publishes it from the store's change feed)", file=sys.stderr)
