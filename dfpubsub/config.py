@@ -184,6 +184,9 @@ class ControllerSettings(_Section):
     sync_drains_queue: bool = Field(
         True, description="'synced' also waits for the reconcilers to take the first full sync (queue drained once).",
     )
+    status_file: str = Field("", description="File rewritten with synced, queue depth and the failed set, for "
+                                             "df-db controller-status (empty: none).")
+    status_interval: float = Field(5.0, gt=0, description="Seconds between rewrites of status_file.")
 
     @model_validator(mode="after")
     def _check(self) -> ControllerSettings:

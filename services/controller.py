@@ -20,6 +20,7 @@ import sys
 from dfpubsub.config import parse_settings
 from dfpubsub.console import console_main
 from dfpubsub.controller import Controller, ControllerOptions
+from dfpubsub.controller_status import StatusWriter
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import VersionedObject
@@ -87,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     log.info("controller starting", extra={"controller": name, "topics": sorted(topics), "store": store.backend,
                                            "discover": settings.controller.discover})
+    status = StatusWriter(controller, settings.controller.status_file, settings.controller.status_interval) \
+        if settings.controller.status_file else None
     controller.run_forever()
+    if status is not None:
+        status.close()
     if connector is not None and discovery is not None:
         connector.close(disconnect=False)
         discovery.close()

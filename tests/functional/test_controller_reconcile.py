@@ -2,6 +2,7 @@
 nothing, collapsed updates, deletes with their last known state, workers that do not wait on each
 other, the failed set, indexes."""
 
+import json
 import threading
 import time
 
@@ -9,9 +10,11 @@ import pytest
 
 from dfpubsub import DONE, NbApi, Publisher, PublisherOptions, Result, SubscriberOptions, load_driver, open_store
 from dfpubsub.controller import Controller, ControllerOptions
+from dfpubsub.controller_status import StatusWriter
 from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import TABLES, Mirror, Seen
+from tests.functional.df_db_helpers import base_env, df_db
 
 
 @pytest.fixture
@@ -172,7 +175,7 @@ def test_a_blocked_key_does_not_delay_the_others_and_no_key_runs_twice_at_once(e
     assert ctrl.queue.stats.histogram("workqueue_work").count >= 21
 
 
-def test_keys_failing_past_max_retries_are_listed_and_retried_by_the_periodic_resync(env):
+def test_keys_failing_past_max_retries_are_listed_and_retried_by_the_periodic_resync(env, tmp_path):
     store, api, controller = env
 
     class FailsFourTimes(Seen):
@@ -194,6 +197,16 @@ def test_keys_failing_past_max_retries_are_listed_and_retried_by_the_periodic_re
     assert [(f.key.table, f.key.key, f.failures) for f in failed] == [("port", "bad", 3)]
     assert "attempt 3" in failed[0].error and ctrl.stats.level("reconcile_failed_keys") == 1
     assert ctrl.stats.get("reconcile_failed") == 1 and "good" in seen.objects
+    # An operator reads the failed set from the controller's status file with df-db.
+    status = StatusWriter(ctrl, str(tmp_path / "ctl.status"), 3600.0)
+    status.close()
+    listed = json.loads(df_db(base_env(), "-o", "json", "controller-status", "--failed",
+                              str(tmp_path / "ctl.status")).stdout)
+    assert [(k["table"], k["key"], k["failures"]) for k in listed] == [("port", "bad", 3)]
+    (tmp_path / "junk.status").write_text("[1, 2]")
+    shown = json.loads(df_db(base_env(), "-o", "json", "controller-status", str(tmp_path / "ctl.status"),
+                             str(tmp_path / "junk.status")).stdout)
+    assert shown[0]["failed_total"] == 1 and shown[0]["synced"] is True and "not a status file" in shown[1]["error"]
     # The next re-delivery tries again from a fresh backoff: attempt 4 fails, 5 succeeds.
     wait_for(lambda: "bad" in seen.objects, timeout=10, what="the periodic resync to retry the failed key")
     assert seen.attempts == 5 and ctrl.failed() == [] and ctrl.stats.get("redeliveries") >= 2

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - typer on the click package
 from dfpubsub import __version__, foreign
 from dfpubsub.console import console_main, one_line
 
-from . import admin_cmds, doctor_cmds, notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
+from . import admin_cmds, controller_cmds, doctor_cmds, notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch
 from .context import CliState, Format
 
 __all__ = ["app", "main"]
@@ -40,6 +40,7 @@ app.add_typer(watch.app)
 app.add_typer(queue_cmds.app, name="queues", help="The persistent notification queues (shards of persistent topics).")
 app.add_typer(notify_cmds.app)
 app.add_typer(doctor_cmds.app)
+app.add_typer(controller_cmds.app)
 app.add_typer(admin_cmds.topic_app, name="topic")
 app.add_typer(admin_cmds.config_app, name="notification")
 

@@ -1,0 +1,99 @@
+"""A controller's status file: synced, queue depth and the failed set, for ``df-db``.
+
+``df-controller`` with ``[controller] status_file`` rewrites it atomically
+(a temporary file renamed over it) every ``status_interval`` seconds and on
+exit; ``df-db controller-status FILE...`` reads it. The failed set is the one of
+docs/controller.md: keys given up after ``max_retries`` until a reconcile of
+theirs succeeds. At most :data:`MAX_FAILED` keys are written (the count is
+whole), so the file stays small whatever fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from typing import Any
+
+from .controller import Controller
+from .logs import RateLimitedLog
+
+__all__ = ["MAX_FAILED", "status_of", "write_status", "read_status", "StatusWriter"]
+
+MAX_FAILED = 1000
+
+
+def status_of(controller: Controller) -> dict[str, Any]:
+    """The status document of ``controller`` now."""
+    failed = controller.failed()
+    return {
+        "controller": controller.name, "pid": os.getpid(), "written_at": time.time(),
+        "synced": controller.synced.is_set(), "queue_depth": len(controller.queue),
+        "failed_total": len(failed),
+        "failed": [{"table": f.key.table, "key": f.key.key, "error": f.error, "failures": f.failures,
+                    "since": f.since} for f in failed[:MAX_FAILED]],
+    }
+
+
+def write_status(path: str, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to ``path`` atomically: a reader sees the old file or the new one, whole."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".status-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, allow_nan=False)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_status(path: str) -> dict[str, Any]:
+    """A status file as written; ValueError (naming what is wrong) for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (UnicodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a status file (not JSON: {exc})") from exc
+    if (not isinstance(doc, dict) or not isinstance(doc.get("controller"), str)
+            or not isinstance(doc.get("failed"), list) or not isinstance(doc.get("synced"), bool)
+            or not isinstance(doc.get("written_at"), (int, float))):
+        raise ValueError(f"{path} is not a status file (fields missing or of the wrong type)")
+    return doc
+
+
+class StatusWriter:
+    """Rewrites a controller's status file every ``interval`` seconds until :meth:`close`; a write
+    that fails (a full disk, a removed directory) is logged, rate-limited, and tried again next time."""
+
+    def __init__(self, controller: Controller, path: str, interval: float):
+        self.controller = controller
+        self.path = path
+        self.interval = interval
+        self._stop = threading.Event()
+        self._warn = RateLimitedLog(logging.getLogger("dfpubsub.controller"), interval=60.0)
+        self._thread = threading.Thread(target=self._run, name="dfpubsub-controller-status", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.write()
+            if self._stop.wait(self.interval):
+                return
+
+    def write(self) -> None:
+        try:
+            write_status(self.path, status_of(self.controller))
+        except (OSError, ValueError) as exc:
+            self._warn.warning("status", "cannot write the status file", path=self.path, error=str(exc))
+
+    def close(self) -> None:
+        """Stop, with a last write."""
+        self._stop.set()
+        self._thread.join()
+        self.write()

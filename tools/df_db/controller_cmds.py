@@ -1,0 +1,52 @@
+"""``controller-status``: what controllers report in their status files (synced, queue, failed keys)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+
+from dfpubsub.controller_status import read_status
+
+from .context import state
+from .output import Column, fail, when
+
+__all__ = ["app"]
+
+app = typer.Typer()
+
+
+@app.command("controller-status")
+def controller_status(
+    ctx: typer.Context,
+    files: Annotated[list[str], typer.Argument(metavar="FILE...", help="Status files ([controller] status_file).")],
+    failed: Annotated[bool, typer.Option("--failed", help="List the failed keys instead.")] = False,
+) -> None:
+    """Controllers' status: synced, work-queue depth, keys given up after max_retries (docs/controller.md)."""
+    st = state(ctx)
+    docs: list[dict[str, Any]] = []
+    for path in files:
+        try:
+            docs.append({**read_status(path), "file": path})
+        except ValueError as exc:
+            if len(files) == 1:
+                fail(str(exc))
+            docs.append({"file": path, "error": str(exc)})
+    if failed:
+        keys = [{"controller": d["controller"], **k} for d in docs if "error" not in d for k in d["failed"]]
+        if st.out.json:
+            st.out.document(keys)
+            return
+        st.out.rows(keys, [Column("controller", "controller"), Column("table", "table"), Column("key", "key"),
+                           Column("failures", "failures", justify="right"), Column("since", "since", when),
+                           Column("error", "error")])
+        return
+    if st.out.json:
+        st.out.document(docs)
+        return
+    now = time.time()
+    st.out.rows([{**d, "age": f"{now - d['written_at']:.0f}s"} if "error" not in d else d for d in docs], [
+        Column("file", "file"), Column("controller", "controller"), Column("synced", "synced"),
+        Column("queue", "queue_depth", justify="right"), Column("failed", "failed_total", justify="right"),
+        Column("written", "age", justify="right"), Column("error", "error", lambda e: e or "")])
