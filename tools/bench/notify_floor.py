@@ -65,7 +65,9 @@ def sqlite_rates(tmp: str, writes: int, rounds: int) -> dict[str, float]:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.executescript(STORE_SCHEMA + QUEUE_SCHEMA + "CREATE TABLE bare (data BLOB);")
-    conn.executemany("INSERT INTO nb_objects VALUES ('port', ?, 'port', 0, x'')", [(f"k{k}",) for k in range(KEYS)])
+    # Each insert is a revision of its own (the store's change feed keys its rows by revision).
+    conn.executemany("INSERT INTO nb_objects VALUES ('port', ?, 'port', ?, x'')",
+                     [(f"k{k}", k + 1) for k in range(KEYS)])
     conn.executemany("INSERT INTO q_queues (name, max_bytes, max_entries, stale_after, created_at) "
                      "VALUES (?, ?, ?, 30, 0)", [(f"q.{s}", 1 << 40, 1 << 40) for s in range(11)])
     update = STORE_UPDATE + " RETURNING version"
