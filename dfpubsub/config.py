@@ -274,10 +274,16 @@ class DiscoverySettings(_Section):
         return self
 
 
-def _files(section: str, **paths: str) -> None:
-    for name, path in paths.items():
+def _check_access(section: str, s: Any) -> None:
+    """What the [etcd] and [redis] sections share: readable files, a certificate with its key,
+    one password setting."""
+    for name in ("ca_file", "cert_file", "key_file", "password_file"):
+        path = getattr(s, name)
         if path and not os.path.isfile(path):
             raise ValueError(f"{section}.{name} {path!r} is not a readable file")
+    if bool(s.cert_file) != bool(s.key_file):
+        raise ValueError(f"{section}.cert_file and {section}.key_file go together")
+    _password(section, s.password, s.password_file)
 
 
 def _password(section: str, password: str, password_file: str) -> str:
@@ -306,13 +312,9 @@ class EtcdSettings(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> EtcdSettings:
-        _files("etcd", ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file,
-               password_file=self.password_file)
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("etcd.cert_file and etcd.key_file go together")
+        _check_access("etcd", self)
         if (self.password or self.password_file) and not self.username:
             raise ValueError("etcd.password needs etcd.username")
-        _password("etcd", self.password, self.password_file)
         return self
 
     def access(self) -> EtcdAccess:
@@ -335,11 +337,7 @@ class RedisSettings(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> RedisSettings:
-        _files("redis", ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file,
-               password_file=self.password_file)
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ValueError("redis.cert_file and redis.key_file go together")
-        _password("redis", self.password, self.password_file)
+        _check_access("redis", self)
         return self
 
     def access(self) -> RedisAccess:

@@ -21,7 +21,7 @@ from typing import NoReturn
 
 from .errors import ConfigError, DfPubSubError
 
-__all__ = ["console_main", "one_line", "ArgumentParser", "stop_on_signals", "close_all"]
+__all__ = ["console_main", "one_line", "ArgumentParser", "command_parser", "stop_on_signals", "close_all"]
 
 log = logging.getLogger("dfpubsub.console")
 
@@ -33,6 +33,16 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def command_parser(prog: str, doc: str) -> tuple[ArgumentParser, argparse._SubParsersAction]:
+    """The parser of a tool made of subcommands: ``--version``, its description (the first line of
+    ``doc``), and the subparsers, one of which is required."""
+    from . import __version__
+
+    parser = ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser, parser.add_subparsers(dest="command", required=True)
 
 
 def one_line(exc: BaseException) -> str:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from dfpubsub import __version__
 from dfpubsub.config import add_config_arguments, settings_from_args
-from dfpubsub.console import ArgumentParser, console_main
+from dfpubsub.console import command_parser, console_main
 from dfpubsub.sample_config import render_sample
 
 __all__ = ["main"]
@@ -22,9 +21,7 @@ __all__ = ["main"]
 @console_main("df-config")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-config``."""
-    parser = ArgumentParser(prog="df-config", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = command_parser("df-config", __doc__)
     sub.add_parser("sample", help="print the sample configuration (every setting, its default and help)")
     add_config_arguments(sub.add_parser("check", help="load and validate the configuration; print it as JSON"))
     args = parser.parse_args(argv)

@@ -14,8 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from dfpubsub import __version__
-from dfpubsub.console import ArgumentParser, console_main
+from dfpubsub.console import command_parser, console_main
 from dfpubsub.errors import ConfigError
 from dfpubsub.extras import needs_extra
 
@@ -25,9 +24,7 @@ __all__ = ["main"]
 @console_main("df-keys")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-keys``."""
-    parser = ArgumentParser(prog="df-keys", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser, sub = command_parser("df-keys", __doc__)
     gen = sub.add_parser("generate", help="write NAME.key and NAME.key_secret into DIR")
     gen.add_argument("dir")
     gen.add_argument("name")

@@ -50,6 +50,11 @@ CASES = [
     ("df-config check --config {files}/latin1.toml", {}, 2),
     ("df-db ls port", {"DFPUBSUB_CONFIG": "{files}"}, 2),
     ("df-controller", {"DFPUBSUB_PUBSUB__MAX_IDLE_TIME": "soon"}, 2),
+    ("df-feed", {"DFPUBSUB_ETCD__CERT_FILE": "{files}/nope.pem"}, 2),
+    ("df-db ls port", {"DFPUBSUB_ETCD__PASSWORD": "x"}, 2),
+    ("df-notify", {"DFPUBSUB_REDIS__PASSWORD": "a", "DFPUBSUB_REDIS__PASSWORD_FILE": "{files}/bad.toml"}, 2),
+    ("df-keys show {files}/bad.toml", {}, 2),
+    ("df-keys generate {files} ../x", {}, 2),
     ("df-db ls port", {"DFPUBSUB_STORE__URL": "etcd://127.0.0.1:99999"}, 2),
     ("df-controller", {"DFPUBSUB_STORE__URL": "etcd://127.0.0.1:99999"}, 2),
     ("df-notify", {"DFPUBSUB_STORE__URL": "etcd://127.0.0.1:http"}, 2),
@@ -62,7 +67,7 @@ MAINS = {
     "df-controller": "dfpubsub.services.controller", "df-notify": "dfpubsub.services.notify",
     "df-publisher-service": "dfpubsub.services.publisher_service", "df-archiver": "dfpubsub.services.archiver",
     "df-db": "dfpubsub.tools.df_db", "df-demo": "dfpubsub.tools.demo", "df-pipeline": "dfpubsub.tools.pipeline",
-    "df-feed": "dfpubsub.services.feed", "df-config": "dfpubsub.tools.df_config",
+    "df-feed": "dfpubsub.services.feed", "df-config": "dfpubsub.tools.df_config", "df-keys": "dfpubsub.tools.df_keys",
 }
 
 
