@@ -43,6 +43,8 @@ from .workqueue import WorkQueue
 
 __all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap"]
 
+_new = tuple.__new__
+
 log = logging.getLogger(__name__)
 
 #: A first sync from elsewhere than a full listing: (store, topics) -> the listing of those
@@ -315,7 +317,8 @@ class Controller:
         last = self._gone.get(ident) if obj is None else None
         queue, stats = self.queue, self.stats
         try:
-            result: Result | None = self.reconcilers[table].reconcile(ObjectKey(table, key), obj)
+            # tuple.__new__: the named tuple's own __new__ is a Python lambda, a cost per key.
+            result: Result | None = self.reconcilers[table].reconcile(_new(ObjectKey, ident), obj)
         except Exception as exc:  # user code: retry with backoff, never kill the worker
             self._failure(ident, exc)
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 
 __all__ = ["ExponentialBackoff", "TokenBucket", "RateLimiter"]
 
@@ -25,6 +25,8 @@ class ExponentialBackoff:
         self.base = base
         self.max_delay = max_delay
         self._failures: dict[Hashable, int] = {}
+        #: The keys with failures, for a membership test without the lock (writes hold it).
+        self.failing: Mapping[Hashable, int] = self._failures
         self._lock = threading.Lock()
 
     def when(self, key: Hashable) -> float:
@@ -81,6 +83,7 @@ class RateLimiter:
     def __init__(self, backoff: ExponentialBackoff | None = None, bucket: TokenBucket | None = None):
         self.backoff = backoff or ExponentialBackoff()
         self.bucket = bucket or TokenBucket()
+        self.failing = self.backoff.failing
 
     def when(self, key: Hashable) -> float:
         """One more failure of ``key``: seconds until it may be retried."""

@@ -127,7 +127,8 @@ class WorkQueue(Generic[K]):
 
     def forget(self, key: K) -> None:
         """``key`` succeeded: its next failure backs off from the start."""
-        self.limiter.forget(key)
+        if key in self.limiter.failing:  # most keys never failed: one lookup for them
+            self.limiter.forget(key)
 
     def retries(self, key: K) -> int:
         """Rate-limited retries of ``key`` since it was last forgotten."""
