@@ -302,14 +302,18 @@ class Controller:
 
     def _work_loop(self) -> None:
         queue = self.queue
-        ident = queue.get()
-        while ident is not None:
-            try:
-                self._reconcile(ident)
-            except Exception:  # a bug here must not cost a worker: log it and retry the key
-                log.exception("controller worker failed", extra={"controller": self.name, "key": list(ident)})
-                queue.add_rate_limited(ident)
-            ident = queue.done_and_get(ident)
+        # A lone worker takes keys in batches (one lock round each); several take one key at a
+        # time, so that no key waits behind a slow one taken with it.
+        most = 32 if self.runtime.workers == 1 else 0
+        batch = queue.done_and_take([], most)
+        while batch:
+            for ident in batch:
+                try:
+                    self._reconcile(ident)
+                except Exception:  # a bug here must not cost a worker: log it and retry the key
+                    log.exception("controller worker failed", extra={"controller": self.name, "key": list(ident)})
+                    queue.add_rate_limited(ident)
+            batch = queue.done_and_take(batch, most)
 
     def _reconcile(self, ident: _Ident) -> None:
         table, key = ident

@@ -152,6 +152,35 @@ class WorkQueue(Generic[K]):
             self._done_locked(key)
             return self._get_locked(timeout)
 
+    def done_and_take(self, keys: list[K], most: int = 32) -> list[K]:
+        """:meth:`done` with each of ``keys``, then take the next keys, under one lock: one (waiting
+        for it as :meth:`get` does), and up to ``most`` more that are ready, so that a busy queue
+        costs a worker one lock round per batch instead of one per key. Empty on shutdown.
+
+        Keys taken together wait for each other: only a single worker should take more than
+        one (with several, a key stuck behind a slow one would wait for it)."""
+        with self._lock:
+            for key in keys:
+                self._done_locked(key)
+            first = self._get_locked(None)
+            if first is None:
+                return []
+            out = [first]
+            queue = self._queue
+            more = min(most, len(queue))
+            if more > 0:
+                now = self._clock()
+                dirty, due, processing, wait = self._dirty, self._due, self._processing, self._wait
+                for _ in range(more):  # _get_locked's taking, for keys known to be ready
+                    key = queue.popleft()
+                    wait.observe(now - dirty.pop(key))
+                    due.pop(key, None)
+                    processing[key] = now
+                    out.append(key)
+                if self._adders:
+                    self._not_full.notify(more)
+            return out
+
     # -- state ---------------------------------------------------------------------------
 
     def __len__(self) -> int:

@@ -211,3 +211,26 @@ def test_done_and_get_hands_back_a_key_changed_meanwhile_after_the_others():
     assert q.done_and_get("a", 0) == "b"
     assert q.done_and_get("b", 0) == "a"
     assert q.done_and_get("a", 0) is None and q.idle()
+
+
+def test_done_and_take_takes_ready_keys_in_batches_and_requeues_a_key_changed_while_held():
+    q = queue(Clock())
+    q.add_many(["a", "b", "c", "d"])
+    assert q.done_and_take([], most=2) == ["a", "b", "c"]  # one, and up to two more ready ones
+    q.add("b")  # changed while held: queued again once the batch is done, after the others
+    q.add("a")
+    assert q.done_and_take(["a", "b", "c"], most=0) == ["d"]
+    assert q.done_and_take(["d"], most=5) == ["a", "b"]
+    q.shutdown()
+    assert q.done_and_take(["a", "b"], most=5) == []
+
+
+def test_done_and_take_returns_nothing_once_shut_down_while_waiting():
+    q = queue(Clock())
+    got = []
+    t = threading.Thread(target=lambda: got.append(q.done_and_take([], most=3)))
+    t.start()
+    wait_for(lambda: q._getters == 1, what="the worker to wait")
+    q.shutdown()
+    t.join(5)
+    assert got == [[]]
