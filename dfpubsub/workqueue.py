@@ -146,12 +146,6 @@ class WorkQueue(Generic[K]):
         with self._lock:
             self._done_locked(key)
 
-    def done_and_get(self, key: K, timeout: float | None = None) -> K | None:
-        """:meth:`done` with ``key``, then :meth:`get`, under one lock (a worker's loop)."""
-        with self._lock:
-            self._done_locked(key)
-            return self._get_locked(timeout)
-
     def done_and_take(self, keys: list[K], most: int = 32) -> list[K]:
         """:meth:`done` with each of ``keys``, then take the next keys, under one lock: one (waiting
         for it as :meth:`get` does), and up to ``most`` more that are ready, so that a busy queue
@@ -166,17 +160,10 @@ class WorkQueue(Generic[K]):
             if first is None:
                 return []
             out = [first]
-            queue = self._queue
-            more = min(most, len(queue))
+            more = min(most, len(self._queue))
             if more > 0:
                 now = self._clock()
-                dirty, due, processing, wait = self._dirty, self._due, self._processing, self._wait
-                for _ in range(more):  # _get_locked's taking, for keys known to be ready
-                    key = queue.popleft()
-                    wait.observe(now - dirty.pop(key))
-                    due.pop(key, None)
-                    processing[key] = now
-                    out.append(key)
+                out.extend(self._take_locked(now) for _ in range(more))
                 if self._adders:
                     self._not_full.notify(more)
             return out
@@ -238,13 +225,7 @@ class WorkQueue(Generic[K]):
             if self._delayed:
                 self._promote_locked(now)
             if self._queue:
-                key = self._queue.popleft()
-                self._wait.observe(now - self._dirty.pop(key))
-                # This run reads the newest state and decides about retries itself:
-                # a retry still pending would only run it again for nothing.
-                if key in self._due:
-                    del self._due[key]
-                self._processing[key] = now
+                key = self._take_locked(now)
                 if self._adders:
                     self._not_full.notify()
                 return key
@@ -261,6 +242,16 @@ class WorkQueue(Generic[K]):
                 self._not_empty.wait(wait)
             finally:
                 self._getters -= 1
+
+    def _take_locked(self, now: float) -> K:
+        """Hand the first queued key to the calling worker."""
+        key = self._queue.popleft()
+        self._wait.observe(now - self._dirty.pop(key))
+        # This run reads the newest state and decides about retries itself:
+        # a retry still pending would only run it again for nothing.
+        self._due.pop(key, None)
+        self._processing[key] = now
+        return key
 
     def _done_locked(self, key: K) -> None:
         started = self._processing.pop(key, None)

@@ -96,6 +96,13 @@ def _created(key: bytes, exists: bool) -> rpc.Compare:
                        result=rpc.Compare.GREATER if exists else rpc.Compare.EQUAL, create_revision=0)
 
 
+def _fits(state: State, sizes: Sequence[int]) -> bool:
+    """Whether entries (or reservations) of ``sizes`` fit in a live ``state`` beside what it holds."""
+    res = state[_RES]
+    return (state[_BYTES] + sum(r[0] for r in res.values()) + sum(sizes) <= state[_MAX_BYTES]
+            and state[_ENTRIES] + len(res) + len(sizes) <= state[_MAX_ENTRIES])
+
+
 def _live(state: State, now: float) -> State:
     """A copy of ``state`` whose reservations are the unexpired ones (the caller may change it)."""
     new = list(state)
@@ -236,8 +243,7 @@ class EtcdQueues(QueueStore):
         def fn(state: State) -> tuple[State, list[Any], list[str]]:
             new = _live(state, now)
             res = new[_RES]
-            if (new[_BYTES] + sum(r[0] for r in res.values()) + sum(sizes) > new[_MAX_BYTES]
-                    or new[_ENTRIES] + len(res) + len(sizes) > new[_MAX_ENTRIES]):
+            if not _fits(new, sizes):
                 raise QueueFull(name, f"no room for {len(sizes)} reservation(s) of {sum(sizes)} bytes")
             ids = []
             for size in sizes:
@@ -453,8 +459,7 @@ class EtcdQueues(QueueStore):
             if letter is None:
                 return None
             new = _live(state, now)
-            used = new[_BYTES] + sum(r[0] for r in new[_RES].values())
-            if used + len(letter.data) > new[_MAX_BYTES] or new[_ENTRIES] + len(new[_RES]) + 1 > new[_MAX_ENTRIES]:
+            if not _fits(new, [len(letter.data)]):
                 raise QueueFull(name, f"no room to redrive a dead letter of {len(letter.data)} bytes")
             new[_SEQ] += 1
             new[_ENTRIES] += 1

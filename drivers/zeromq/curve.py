@@ -26,7 +26,7 @@ from dfpubsub.errors import ConfigError
 from dfpubsub.logs import RateLimitedLog
 from dfpubsub.metrics import Stats
 
-__all__ = ["AllowedKeys", "guard", "unguard", "read_public_keys", "load_secret_key"]
+__all__ = ["AllowedKeys", "serve", "guard", "unguard", "read_public_keys", "load_secret_key"]
 
 log = logging.getLogger("dfpubsub.drivers.zeromq.curve")
 _refusals = RateLimitedLog(log, interval=10.0)
@@ -99,6 +99,16 @@ def load_secret_key(path: str) -> str:
     if not secret:
         raise ConfigError(f"{path} holds no CURVE secret key (a public key file? use the .key_secret one)")
     return secret.decode()
+
+
+def serve(sock: zmq.Socket, secret: str, allowed: AllowedKeys | None) -> tuple[str, str]:
+    """Make ``sock`` a CURVE server with the Z85 ``secret`` key, letting in only ``allowed`` keys
+    when given; (its public key, the ZAP domain to :func:`unguard`, or "")."""
+    public = zmq.curve_public(secret.encode())
+    sock.curve_server = True
+    sock.curve_secretkey = secret.encode()
+    sock.curve_publickey = public
+    return public.decode(), guard(sock, allowed) if allowed is not None else ""
 
 
 def guard(sock: zmq.Socket, allowed: AllowedKeys) -> str:

@@ -9,7 +9,7 @@ from dfpubsub.codec import topic_frame
 from dfpubsub.errors import TransportError
 from dfpubsub.metrics import Stats
 
-from .curve import AllowedKeys, guard, load_secret_key, unguard
+from .curve import AllowedKeys, load_secret_key, serve, unguard
 from .ipc import bind, unlink_ipc
 from .options import ZmqOptions, common_options
 from .subscriptions import Subscriptions
@@ -32,16 +32,12 @@ class ZmqPublisher(PublisherTransport):
             self.sock.setsockopt(zmq.XPUB_MANUAL, 1)
             secret = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
                 else opts.curve_secret_key
-            self._zap_domain = ""
             #: The CURVE public key (Z85) subscribers pin; discovery rows carry it.
-            self.public_key = zmq.curve_public(secret.encode()).decode() if secret else ""
+            self.public_key = self._zap_domain = ""
             if secret:
-                self.sock.curve_server = True
-                self.sock.curve_secretkey = secret.encode()
-                self.sock.curve_publickey = zmq.curve_public(secret.encode())
-                if opts.curve_allowed_keys or opts.curve_allowed_dir:
-                    self._zap_domain = guard(self.sock, AllowedKeys(opts.curve_allowed_keys,
-                                                                    opts.curve_allowed_dir, stats))
+                allowed = AllowedKeys(opts.curve_allowed_keys, opts.curve_allowed_dir, stats) \
+                    if opts.curve_allowed_keys or opts.curve_allowed_dir else None
+                self.public_key, self._zap_domain = serve(self.sock, secret, allowed)
         except zmq.ZMQError as exc:
             self.sock.close(0)
             raise TransportError(f"cannot set up the publisher socket: {exc}") from exc

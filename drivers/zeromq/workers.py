@@ -17,7 +17,7 @@ from dfpubsub.codec import topic_frame
 from dfpubsub.errors import TransportError
 from dfpubsub.metrics import Stats
 
-from .curve import AllowedKeys, guard, load_secret_key, unguard
+from .curve import AllowedKeys, load_secret_key, serve, unguard
 from .ipc import bind, unlink_ipc
 from .options import ZmqOptions, common_options, recv_messages
 
@@ -85,12 +85,9 @@ class WorkerIngress(IngressTransport):
         self.sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
         self._zap_domain = ""
         if opts.worker_curve_key_file:  # only workers holding the host's secret key get in
-            secret = load_secret_key(opts.worker_curve_key_file).encode()
-            public = zmq.curve_public(secret)
-            self.sock.curve_server = True
-            self.sock.curve_secretkey = secret
-            self.sock.curve_publickey = public
-            self._zap_domain = guard(self.sock, AllowedKeys([public.decode()], "", stats))
+            secret = load_secret_key(opts.worker_curve_key_file)
+            public = zmq.curve_public(secret.encode()).decode()
+            _, self._zap_domain = serve(self.sock, secret, AllowedKeys([public], "", stats))
         self._uri = bind(self.sock, ipc_url(socket_path), opts.ipc_mode)
         self._topics: dict[bytes, str] = {}
 

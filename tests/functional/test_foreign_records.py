@@ -370,12 +370,13 @@ def test_a_queue_entry_of_the_wrong_shape_is_set_aside_and_delivery_goes_on(back
             raw = sqlite3.connect(f"{tmp_path}/nb.sqlite", isolation_level=None)
             raw.execute("INSERT INTO q_entries VALUES ('orders', 2, '', 4, 'then', 'text')")
             # and a dead letter and a notification record of its own
-            raw.execute("INSERT INTO q_dead_letters VALUES ('orders', 'x', 'why', 'never', 'text')")
+            raw.execute(f"INSERT INTO q_dead_letters VALUES ('orders', '{'9' * 20}', 'why', 'never', 'text')")
             raw.execute("INSERT INTO q_records VALUES ('topic', x'ff', 'text')")
         else:
             r = redis_py.Redis.from_url(url)
             r.xadd(f"{prefix}:q:e:orders", {"x": "y"}, id="2-0")
             r.hset(f"{prefix}:q:m:orders", "seq", 2)
+            r.hset(f"{prefix}:q:d:orders", "9" * 20, b"\xc1")  # and a dead letter of its own
         api.create("port", "after", 2)
         before = _skipped("queue_entry")
         worker = delivery(queues)
@@ -383,6 +384,7 @@ def test_a_queue_entry_of_the_wrong_shape_is_set_aside_and_delivery_goes_on(back
             wait_drained(registry, "orders")
             assert sorted(k for k, _ in delivered_keys(webhook)) == ["after", "before"]
             assert [d.marker for d in queues.list_dead_letters("orders")] == ["00000000000000000002"]
+            assert queues.redrive("orders", "9" * 20) is None  # the foreign letter: skipped, not moved
             assert _skipped("queue_entry") > before
         finally:
             worker.stop()

@@ -203,14 +203,15 @@ def test_a_pending_retry_is_dropped_when_the_key_is_taken_for_a_newer_change():
     assert q.get(0) is None  # no second run for the stale retry
 
 
-def test_done_and_get_hands_back_a_key_changed_meanwhile_after_the_others():
+def test_done_and_take_hands_back_a_key_changed_meanwhile_after_the_others():
     q = queue(Clock())
     q.add_many(["a", "b", "a"])
     assert q.get(0) == "a"
     q.add("a")
-    assert q.done_and_get("a", 0) == "b"
-    assert q.done_and_get("b", 0) == "a"
-    assert q.done_and_get("a", 0) is None and q.idle()
+    assert q.done_and_take(["a"], most=0) == ["b"]
+    assert q.done_and_take(["b"], most=0) == ["a"]
+    q.done("a")
+    assert q.get(0) is None and q.idle()
 
 
 def test_done_and_take_takes_ready_keys_in_batches_and_requeues_a_key_changed_while_held():
