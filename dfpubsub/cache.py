@@ -18,6 +18,11 @@ from .events import Action, Event, VersionedObject
 
 __all__ = ["VersionedCache", "Change"]
 
+# Per event: an enum member's lookup and the named tuple's Python-level __new__ cost more than
+# the rest of an apply's test and store together.
+_DELETE = Action.DELETE
+_new = tuple.__new__
+
 
 class Change(NamedTuple):
     """What reconciling the cache with the source of truth changed.
@@ -52,15 +57,21 @@ class VersionedCache:
         """Apply ``event`` if it is newer than the cached state; return whether it was."""
         ident = (event.table, event.key)
         with self._lock:
-            if event.version <= self._version_locked(ident):
+            held = self._objects.get(ident)  # _version_locked, inlined on the dispatch thread's hot path
+            if held is not None:
+                if event.version <= held[3]:
+                    return False
+            elif self._tombstones and event.version <= self._version_locked(ident):
                 return False
-            if event.action is Action.DELETE:
+            if event.action is _DELETE:
                 self._objects.pop(ident, None)
                 self._tombstones[ident] = (event.version, self._clock())
                 self._maybe_purge_locked()
             else:
-                self._tombstones.pop(ident, None)
-                self._objects[ident] = VersionedObject(event.topic, event.table, event.key, event.version, event.value)
+                if self._tombstones:
+                    self._tombstones.pop(ident, None)
+                self._objects[ident] = _new(VersionedObject,
+                                            (event.topic, event.table, event.key, event.version, event.value))
             if self._recent is not None:
                 self._recent.add(ident)
             return True
@@ -146,10 +157,10 @@ class VersionedCache:
 
             if revision is not None and not objects and not tombstones:  # a first sync: every object is new
                 truth = truth if isinstance(truth, list) else list(truth)
-                new, create = tuple.__new__, Action.CREATE
+                create = Action.CREATE
                 self._objects = {(obj[1], obj[2]): obj for obj in truth}  # built once, not copied in
                 # tuple.__new__ skips the named tuple's Python-level __new__ (see SqliteStore._objects).
-                return [new(Change, (create, *obj, None)) for obj in truth]
+                return [_new(Change, (create, *obj, None)) for obj in truth]
             same = same if isinstance(same, (list, tuple, set)) else list(same)
             listed: list[tuple[str, str]] = []  # the idents of truth
             present = len(same)  # listed objects the cache holds after the loop

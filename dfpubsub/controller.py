@@ -44,6 +44,7 @@ from .workqueue import WorkQueue
 __all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap"]
 
 _new = tuple.__new__
+_DELETE = Action.DELETE  # an enum member's lookup costs more than the rest of a test for it
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class Controller:
                         TokenBucket(rt.retry_qps, rt.retry_burst)),
             rt.queue_size, stats,
         )
+        self._failing = self.queue.limiter.failing  # keys with a backoff to forget on success
         self.reconcile_interval = reconcile_interval
         self.on_reconciled = on_reconciled
         self.bootstrap = bootstrap
@@ -217,20 +219,21 @@ class Controller:
 
     def _on_event(self, event: Event) -> None:
         table = event.table
-        indexer = self.indexers.get(table)
-        if event.action is Action.DELETE:
+        if event.action is _DELETE:
             previous = self.cache.get(table, event.key)
             if not self.cache.apply(event):
                 self.stats.inc("stale_events")
                 return
             if previous is not None:
-                self._changed(table, event.key, None, previous, indexer)
+                self._changed(table, event.key, None, previous, self.indexers.get(table))
             return
         if not self.cache.apply(event):
             self.stats.inc("stale_events")
             return
-        if indexer is not None:
-            indexer.update(event.key, self.cache.get(table, event.key))
+        if self.indexers:
+            indexer = self.indexers.get(table)
+            if indexer is not None:
+                indexer.update(event.key, self.cache.get(table, event.key))
         if table in self.reconcilers:
             ident = (table, event.key)
             if self._gone:
@@ -301,45 +304,56 @@ class Controller:
     # -- workers ----------------------------------------------------------------------------
 
     def _work_loop(self) -> None:
-        queue = self.queue
-        # A lone worker takes keys in batches (one lock round each); several take one key at a
-        # time, so that no key waits behind a slow one taken with it.
-        most = 32 if self.runtime.workers == 1 else 0
-        batch = queue.done_and_take([], most)
+        queue, stats = self.queue, self.stats
+        # Keys come in batches (one lock round each); idle workers take the batch's tail, so
+        # no key waits behind a slow one while another worker could run it.
+        taken: list[_Ident] = []
+        start = queue.start
+        batch = queue.done_and_take(taken, 32)
         while batch:
-            for ident in batch:
+            taken, done = [], 0
+            while batch:
                 try:
-                    self._reconcile(ident)
+                    ident = batch.popleft()
+                except IndexError:  # another worker took the last one
+                    break
+                taken.append(ident)
+                start(ident)  # changes made while it waited in the batch are read now: no extra run
+                try:
+                    done += self._reconcile(ident)
                 except Exception:  # a bug here must not cost a worker: log it and retry the key
                     log.exception("controller worker failed", extra={"controller": self.name, "key": list(ident)})
                     queue.add_rate_limited(ident)
-            batch = queue.done_and_take(batch, most)
+            if done:
+                stats.inc("reconciles", done, reason="done")
+            batch = queue.done_and_take(taken, 32)
 
-    def _reconcile(self, ident: _Ident) -> None:
+    def _reconcile(self, ident: _Ident) -> bool:
+        """Reconcile one key; whether it is done (the caller counts those, a batch at a time)."""
         table, key = ident
         obj = self.cache.get(table, key)
         last = self._gone.get(ident) if obj is None else None
-        queue, stats = self.queue, self.stats
         try:
             # tuple.__new__: the named tuple's own __new__ is a Python lambda, a cost per key.
             result: Result | None = self.reconcilers[table].reconcile(_new(ObjectKey, ident), obj)
         except Exception as exc:  # user code: retry with backoff, never kill the worker
             self._failure(ident, exc)
-            return
+            return False
         if result is None or not (result.requeue or result.requeue_after > 0):
-            stats.inc("reconciles", reason="done")
-            queue.forget(ident)
+            if ident in self._failing:
+                self.queue.forget(ident)
             if self._failed:
                 self._failed.pop(ident, None)
             if last is not None:
                 self._forget_gone(ident, only=last)
-        elif result.requeue_after > 0:
-            stats.inc("reconciles", reason="requeue")
-            queue.forget(ident)
-            queue.add_after(ident, result.requeue_after)
+            return True
+        self.stats.inc("reconciles", reason="requeue")
+        if result.requeue_after > 0:
+            self.queue.forget(ident)
+            self.queue.add_after(ident, result.requeue_after)
         else:
-            stats.inc("reconciles", reason="requeue")
-            queue.add_rate_limited(ident)
+            self.queue.add_rate_limited(ident)
+        return False
 
     def _failure(self, ident: _Ident, exc: Exception) -> None:
         self.stats.inc("reconciles", reason="error")

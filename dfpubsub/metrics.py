@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ COUNTERS: dict[str, str] = {
     "workqueue_adds": "Keys added to a controller's work queue (a key already queued counts once).",
     "workqueue_retries": "Keys put back on a controller's work queue after a failure or a requeue.",
     "workqueue_full": "Adds that waited because a controller's work queue was full.",
+    "workqueue_steals": "Keys an idle worker took from the untouched end of another worker's batch.",
     "reconciles": "Reconciles run, by outcome (done, requeue, error).",
     "reconcile_failed": "Keys moved to the failed set after max_retries failures.",
     "redeliveries": "Cached keys handed to the reconcilers again by the periodic resync.",
@@ -66,7 +67,7 @@ GAUGES: dict[str, str] = {
     "workqueue_depth": "Keys waiting in a controller's work queue.",
     "workqueue_oldest_seconds": "Age of the oldest key waiting in a controller's work queue.",
     "workqueue_delayed": "Keys waiting for their retry delay to pass.",
-    "workqueue_processing": "Keys being reconciled now.",
+    "workqueue_processing": "Keys being reconciled now or waiting in a worker's batch.",
     "reconcile_failed_keys": "Keys in a controller's failed set (given up until the next periodic resync).",
 }
 
@@ -85,7 +86,7 @@ ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
 #: Help strings of the histograms (seconds); exported as ``dfpubsub_<name>_seconds``.
 HISTOGRAMS: dict[str, str] = {
     "workqueue_wait": "Seconds a key waited in a controller's work queue before a worker took it.",
-    "workqueue_work": "Seconds a worker held a key (its reconcile), from taking it to done.",
+    "workqueue_work": "Seconds a worker held a key (its reconcile, after those taken before it in its batch).",
 }
 
 #: Upper bounds of the histogram buckets: 1-2.5-5 steps from 10 us to 1000 s.
@@ -101,10 +102,24 @@ class Histogram:
         self.counts = [0] * (len(BUCKETS) + 1)  # the last one is +Inf
         self.sum = 0.0
 
-    def observe(self, value: float) -> None:
-        """Count one observation (not locked: a lost increment under a race is tolerable)."""
-        self.counts[bisect_left(BUCKETS, value)] += 1
-        self.sum += value
+    def observe(self, value: float, n: int = 1) -> None:
+        """Count ``n`` observations of ``value`` (not locked: a lost increment under a race is tolerable)."""
+        self.counts[bisect_left(BUCKETS, value)] += n
+        self.sum += value * n
+
+    def observe_since(self, now: float, starts: Iterable[float]) -> None:
+        """Observe ``now - t`` for each of ``starts``; a run of equal ones costs one bucket lookup
+        (a batch of keys queued or taken together shares its time)."""
+        since, run = now, 0
+        for t in starts:
+            if t == since:
+                run += 1
+                continue
+            if run:
+                self.observe(now - since, run)
+            since, run = t, 1
+        if run:
+            self.observe(now - since, run)
 
     @property
     def count(self) -> int:

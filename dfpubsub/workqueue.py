@@ -62,6 +62,7 @@ class WorkQueue(Generic[K]):
         self._delayed: list[tuple[float, int, K]] = []  # heap of (due, tie-breaker, key)
         self._due: dict[K, float] = {}  # key -> its earliest due time in the heap
         self._seq = itertools.count()
+        self._batches: dict[int, deque[K]] = {}  # worker thread -> its last batch (see done_and_take)
         # Threads blocked in get(), add() and wait_idle(): notify only when someone listens.
         self._getters = self._adders = self._idlers = 0
         self._shutdown = False
@@ -83,11 +84,13 @@ class WorkQueue(Generic[K]):
     def add_many(self, keys: Iterable[K]) -> None:
         """:meth:`add` each of ``keys``, under one lock (a batch of changes costs one wake-up)."""
         with self._lock:
+            if self._shutdown:
+                return
             now = self._clock()
             dirty, processing, queue, max_depth = self._dirty, self._processing, self._queue, self.max_depth
             added = 0
             for key in keys:  # the dispatch thread's hot path: _put_locked inlined but for a full queue
-                if key in dirty or self._shutdown:
+                if key in dirty:
                     continue
                 if key in processing:
                     dirty[key] = now
@@ -97,7 +100,9 @@ class WorkQueue(Generic[K]):
                     queue.append(key)
                     added += 1
                 else:
-                    self._put_locked(key, now)
+                    self._put_locked(key, now)  # waits for room, the lock released meanwhile
+                    if self._shutdown:
+                        break
             if added:
                 self.stats.inc("workqueue_adds", added)
                 if self._getters:
@@ -144,29 +149,41 @@ class WorkQueue(Generic[K]):
     def done(self, key: K) -> None:
         """The worker is finished with ``key``; if it changed meanwhile it is queued again."""
         with self._lock:
-            self._done_locked(key)
+            self._done_locked((key,))
 
-    def done_and_take(self, keys: list[K], most: int = 32) -> list[K]:
+    def done_and_take(self, keys: Iterable[K], most: int = 32) -> deque[K]:
         """:meth:`done` with each of ``keys``, then take the next keys, under one lock: one (waiting
         for it as :meth:`get` does), and up to ``most`` more that are ready, so that a busy queue
         costs a worker one lock round per batch instead of one per key. Empty on shutdown.
 
-        Keys taken together wait for each other: only a single worker should take more than
-        one (with several, a key stuck behind a slow one would wait for it)."""
+        The caller takes the batch's keys one by one with ``popleft()`` and passes those it took
+        to its next call. Until then, workers that find the queue empty take keys from the other
+        end of the batch, so that no key waits behind a slow one taken with it while a worker
+        is idle (work stealing; each key still goes to one worker only)."""
         with self._lock:
-            for key in keys:
-                self._done_locked(key)
+            if keys:
+                self._done_locked(keys)
             first = self._get_locked(None)
             if first is None:
-                return []
-            out = [first]
+                return deque()
             more = min(most, len(self._queue))
-            if more > 0:
-                now = self._clock()
-                out.extend(self._take_locked(now) for _ in range(more))
-                if self._adders:
-                    self._not_full.notify(more)
+            if more <= 0:
+                return deque((first,))
+            out = self._take_locked(self._clock(), more)
+            out.appendleft(first)
+            if self._adders:
+                self._not_full.notify(more)
+            # One batch per worker thread at a time, so the map stays as small as the pool.
+            self._batches[threading.get_ident()] = out
+            if self._getters:
+                self._not_empty.notify()  # an idle worker may share it
             return out
+
+    def start(self, key: K) -> None:
+        """The worker begins ``key``, taken earlier in a batch, now. Changes of it queued until now
+        are in the state it is about to read (a caller applies a change before adding its key),
+        so they need no second run after :meth:`done`. Lock-free: one atomic dict removal."""
+        self._dirty.pop(key, None)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -225,10 +242,14 @@ class WorkQueue(Generic[K]):
             if self._delayed:
                 self._promote_locked(now)
             if self._queue:
-                key = self._take_locked(now)
+                key = self._take_locked(now, 1)[0]
                 if self._adders:
                     self._not_full.notify()
                 return key
+            if self._batches:
+                stolen = self._steal_locked()
+                if stolen is not None:
+                    return stolen
             wait = None if deadline is None else deadline - now
             if self._delayed:
                 until_due = self._delayed[0][0] - now
@@ -243,24 +264,48 @@ class WorkQueue(Generic[K]):
             finally:
                 self._getters -= 1
 
-    def _take_locked(self, now: float) -> K:
-        """Hand the first queued key to the calling worker."""
-        key = self._queue.popleft()
-        self._wait.observe(now - self._dirty.pop(key))
-        # This run reads the newest state and decides about retries itself:
-        # a retry still pending would only run it again for nothing.
-        self._due.pop(key, None)
-        self._processing[key] = now
-        return key
+    def _take_locked(self, now: float, n: int) -> deque[K]:
+        """Hand the first ``n`` queued keys to the calling worker."""
+        popleft, dirty, due, processing = self._queue.popleft, self._dirty, self._due, self._processing
+        out: deque[K] = deque()
+        queued: list[float] = []
+        for _ in range(n):  # a lone worker's hot path, a batch of keys at a time
+            key = popleft()
+            queued.append(dirty.pop(key))
+            # This run reads the newest state and decides about retries itself:
+            # a retry still pending would only run it again for nothing.
+            if due:
+                due.pop(key, None)
+            processing[key] = now
+            out.append(key)
+        self._wait.observe_since(now, queued)
+        return out
 
-    def _done_locked(self, key: K) -> None:
-        started = self._processing.pop(key, None)
-        if started is not None:
-            self._work.observe(self._clock() - started)
-        if key in self._dirty and not self._shutdown:
-            self._queue.append(key)
-            if self._getters:
-                self._not_empty.notify()
+    def _steal_locked(self) -> K | None:
+        """A key another worker took in a batch and has not started (None: there is none)."""
+        for batch in self._batches.values():
+            try:
+                key = batch.pop()  # atomic against the owner's popleft(), which needs no lock
+            except IndexError:
+                continue
+            self.stats.inc("workqueue_steals")
+            return key
+        return None
+
+    def _done_locked(self, keys: Iterable[K]) -> None:
+        release, dirty, queue = self._processing.pop, self._dirty, self._queue
+        started: list[float] = []
+        requeued = 0
+        for key in keys:
+            t = release(key, None)
+            if t is not None:
+                started.append(t)
+            if key in dirty and not self._shutdown:
+                queue.append(key)
+                requeued += 1
+        self._work.observe_since(self._clock(), started)
+        if requeued and self._getters:
+            self._not_empty.notify(requeued)
         if self._idlers:
             self._changed.notify_all()
 

@@ -175,6 +175,33 @@ def test_a_blocked_key_does_not_delay_the_others_and_no_key_runs_twice_at_once(e
     assert ctrl.queue.stats.histogram("workqueue_work").count >= 21
 
 
+def test_keys_taken_in_one_batch_with_a_blocked_key_are_run_by_the_idle_worker(env):
+    store, api, controller = env
+    blocking, slow_started = threading.Event(), threading.Event()
+
+    class SlowOne(Seen):
+        def act(self, key, obj):
+            if key.key == "slow" and blocking.is_set():
+                slow_started.set()
+                time.sleep(2.0)
+
+    seen = SlowOne()
+    ctrl = controller(reconcilers={"port": seen}, runtime=ControllerOptions(workers=2))
+    keys = ["slow"] + [f"k{i}" for i in range(100)]
+    for key in keys:
+        api.create("port", key, {"rev": 0})
+    wait_for(lambda: all(seen.calls.get(k) == 1 for k in keys), what="the first reconciles")
+    blocking.set()
+    t0 = time.monotonic()
+    # Every key is queued at once, "slow" first: a worker takes it in a batch with others.
+    assert ctrl.redeliver() == len(keys)
+    wait_for(lambda: all(seen.calls.get(k) == 2 for k in keys[1:]), timeout=10, what="the other keys' re-runs")
+    others_s = time.monotonic() - t0
+    assert slow_started.is_set() and seen.active.get("slow") == 1, "the slow key must still be blocked"
+    assert others_s < 1.5, f"keys batched with a blocked one waited {others_s:.2f} s for it"
+    assert ctrl.queue.stats.get("workqueue_steals") > 0 and seen.overlaps == 0
+
+
 def test_keys_failing_past_max_retries_are_listed_and_retried_by_the_periodic_resync(env, tmp_path):
     store, api, controller = env
 

@@ -208,8 +208,8 @@ def test_done_and_take_hands_back_a_key_changed_meanwhile_after_the_others():
     q.add_many(["a", "b", "a"])
     assert q.get(0) == "a"
     q.add("a")
-    assert q.done_and_take(["a"], most=0) == ["b"]
-    assert q.done_and_take(["b"], most=0) == ["a"]
+    assert list(q.done_and_take(["a"], most=0)) == ["b"]
+    assert list(q.done_and_take(["b"], most=0)) == ["a"]
     q.done("a")
     assert q.get(0) is None and q.idle()
 
@@ -217,13 +217,13 @@ def test_done_and_take_hands_back_a_key_changed_meanwhile_after_the_others():
 def test_done_and_take_takes_ready_keys_in_batches_and_requeues_a_key_changed_while_held():
     q = queue(Clock())
     q.add_many(["a", "b", "c", "d"])
-    assert q.done_and_take([], most=2) == ["a", "b", "c"]  # one, and up to two more ready ones
+    assert list(q.done_and_take([], most=2)) == ["a", "b", "c"]  # one, and up to two more ready ones
     q.add("b")  # changed while held: queued again once the batch is done, after the others
     q.add("a")
-    assert q.done_and_take(["a", "b", "c"], most=0) == ["d"]
-    assert q.done_and_take(["d"], most=5) == ["a", "b"]
+    assert list(q.done_and_take(["a", "b", "c"], most=0)) == ["d"]
+    assert list(q.done_and_take(["d"], most=5)) == ["a", "b"]
     q.shutdown()
-    assert q.done_and_take(["a", "b"], most=5) == []
+    assert not q.done_and_take(["a", "b"], most=5)
 
 
 def test_done_and_take_returns_nothing_once_shut_down_while_waiting():
@@ -234,4 +234,24 @@ def test_done_and_take_returns_nothing_once_shut_down_while_waiting():
     wait_for(lambda: q._getters == 1, what="the worker to wait")
     q.shutdown()
     t.join(5)
-    assert got == [[]]
+    assert [list(b) for b in got] == [[]]
+
+
+def test_an_idle_worker_takes_the_untouched_tail_of_a_busy_workers_batch():
+    q = queue(Clock())
+    q.add_many(["a", "b", "c", "d"])
+    batch = q.done_and_take([], most=3)  # the owner holds a, b, c, d
+    assert batch.popleft() == "a"  # ... and is stuck on a
+    stolen = []
+    thief = threading.Thread(target=lambda: stolen.extend([q.get(5), q.get(5)]))
+    thief.start()
+    thief.join(5)
+    assert stolen == ["d", "c"]  # from the far end, one key each
+    assert batch.popleft() == "b" and not batch  # never handed out twice
+    q.add("c")  # changed while the thief holds it: queued again when it is done
+    for key in ("a", "b", "d"):
+        q.done(key)
+    assert q.get(0) is None  # nothing ready but the stolen key's next run, after its done
+    q.done("c")
+    assert q.get(0) == "c" and q.stats.get("workqueue_steals") == 2
+
