@@ -16,10 +16,17 @@ worst case) or ``hot`` (``--hot-keys`` keys updated over and over: changes
 made while a key waits collapse). Rounds alternate the variants; the best of
 each counts. Figures are noisy on a shared machine.
 
+The headline pair (no-op, distinct keys, direct and 1 worker) is also run with the process
+pinned to one CPU (``pinned_*``): the dispatch thread and a worker hand the GIL and the objects
+they share back and forth, and on two cores every hand-off moves those cache lines (and their
+reference counts) between the cores, which a single thread never pays. The difference between
+the two ratios is that cost; the rest is the queue's own.
+
 Last line: ``{"bench": "controller", "events_per_s": X, "direct_events_per_s": X, "ratio": R,
-"queue_p99_ms": X, "cpu_ratio": R, ...}`` for the headline (no-op reconciler, distinct keys, 1 worker;
-``cpu_ratio`` compares events per CPU-second of the process, steadier on a shared machine); the
-other variants follow as ``<scenario>_<cost>_w<workers>_events_per_s`` and their ratios.
+"queue_p99_ms": X, "cpu_ratio": R, "pinned_ratio": R, ...}`` for the headline (no-op reconciler,
+distinct keys, 1 worker; ``cpu_ratio`` compares events per CPU-second of the process, steadier on
+a shared machine); the other variants follow as ``<scenario>_<cost>_w<workers>_events_per_s`` and
+their ratios.
 ``queue_p99_ms`` is the upper bound of the histogram bucket holding the 99th percentile
 of the time keys waited in the queue. Target: ratio >= 0.8.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -153,6 +161,16 @@ def run_queue(store: Any, target: Target, cost: float, workers: int) -> tuple[fl
     return len(target.plan) / elapsed, len(target.plan) / cpu, p99
 
 
+def pinned(run: Callable[[], tuple[float, float, float]]) -> tuple[float, float, float]:
+    """``run`` with this thread, and so every thread it starts, on one CPU."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        return run()
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--events", type=int, default=50_000)
@@ -162,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/nb.sqlite", TABLES)  # empty: the initial sync lists nothing
         variants: dict[str, Callable[[], tuple[float, float, float]]] = {}
+        variants["pinned_direct"] = lambda: pinned(lambda: run_direct(store, Target(args.events, None), 0.0))
+        variants["pinned_w1"] = lambda: pinned(lambda: run_queue(store, Target(args.events, None), 0.0, 1))
         for scenario, keys in (("distinct", None), ("hot", args.hot_keys)):
             for label, cost in (("noop", 0.0), ("50us", 50e-6)):
                 variants[f"{scenario}_{label}_direct"] = (
@@ -182,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     head, direct = best["distinct_noop_w1"], best["distinct_noop_direct"]
     out.update(events_per_s=round(head[0]), direct_events_per_s=round(direct[0]), ratio=round(head[0] / direct[0], 3),
                queue_p99_ms=head[2], cpu_ratio=round(head[1] / direct[1], 3))
+    out["pinned_ratio"] = round(best["pinned_w1"][0] / best["pinned_direct"][0], 3)
     for name, (rate, _, p99) in best.items():
         if not name.endswith("_direct"):
             base = best[name.rsplit("_", 1)[0] + "_direct"][0]
