@@ -259,8 +259,9 @@ class Controller:
             changes, listed = relist(self.store, self.cache, topics)
             self._listed |= topics
         reconcilers, indexers = self.reconcilers, self.indexers
-        for ch in changes:
-            if ch.table not in reconcilers and ch.table not in indexers:
+        wanted = reconcilers.keys() | indexers.keys()
+        for ch in changes if wanted else ():  # a cache-only controller: a million changes to skip
+            if ch.table not in wanted:
                 continue
             obj = None if ch.action is Action.DELETE else VersionedObject(ch.topic, ch.table, ch.key, ch.version,
                                                                           ch.value)

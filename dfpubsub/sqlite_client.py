@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from .errors import StoreUnavailable
 
-__all__ = ["SqliteDb", "connect_sqlite", "file_location"]
+__all__ = ["SqliteDb", "connect_sqlite", "fetch_rows", "file_location"]
 
 T = TypeVar("T")
 
@@ -47,6 +47,21 @@ def _text(raw: bytes) -> str | bytes:
         return raw.decode()
     except UnicodeDecodeError:
         return raw
+
+
+def fetch_rows(conn: sqlite3.Connection, sql: str, args: tuple) -> list[tuple]:
+    """The rows of ``sql``; text another writer stored that is not UTF-8 comes as bytes, for the
+    caller to skip (foreign records, dfpubsub/foreign.py), instead of failing the whole read."""
+    try:
+        return conn.execute(sql, args).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "decode" not in str(exc):
+            raise
+    conn.text_factory = _text  # only then: a text factory in Python costs every row
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.text_factory = str
 
 
 class SqliteDb:
@@ -91,19 +106,7 @@ class SqliteDb:
         """
         with self._lock:
             try:
-                conn = self._connection()
-                try:
-                    return conn.execute(sql, args).fetchall()
-                except sqlite3.OperationalError as exc:
-                    if "decode" not in str(exc):
-                        raise
-                # Another writer stored text that is not UTF-8: read it again, handing such text
-                # over as bytes for the caller to skip (foreign records, dfpubsub/foreign.py).
-                conn.text_factory = _text
-                try:
-                    return conn.execute(sql, args).fetchall()
-                finally:
-                    conn.text_factory = str
+                return fetch_rows(self._connection(), sql, args)
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"SQLite {self.what} {self.path}: {doing} failed: {exc}") from exc
 
