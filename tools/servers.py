@@ -33,9 +33,11 @@ class ServerProcess:
 
     binary = ""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, host: str = "127.0.0.1"):
         if shutil.which(self.binary) is None:
             raise RuntimeError(f"{self.binary} is not installed; ./dev test installs it (apt)")
+        #: The address clients use (a test may put it on an interface of its own, to cut it).
+        self.host = host
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -80,7 +82,7 @@ class ServerProcess:
 
     def _tcp_open(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+            with socket.create_connection((self.host, self.port), timeout=0.2):
                 return True
         except OSError:
             return False
@@ -92,18 +94,18 @@ class EtcdServer(ServerProcess):
 
     binary = "etcd"
 
-    def __init__(self, workdir: Path, tls: TestCertificates | None = None):
-        super().__init__(workdir)
+    def __init__(self, workdir: Path, tls: TestCertificates | None = None, host: str = "127.0.0.1"):
+        super().__init__(workdir, host)
         self.peer_port = free_port()
         self.tls = tls
 
     @property
     def url(self) -> str:
-        return f"etcd://127.0.0.1:{self.port}"
+        return f"etcd://{self.host}:{self.port}"
 
     def argv(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
-        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        client = f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
         tls = [] if self.tls is None else [
             "--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
             "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
@@ -122,7 +124,7 @@ class EtcdServer(ServerProcess):
             context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
         scheme = "https" if self.tls else "http"
         try:
-            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/health", timeout=0.5,
+            with urllib.request.urlopen(f"{scheme}://{self.host}:{self.port}/health", timeout=0.5,
                                         context=context) as r:
                 return json.loads(r.read()).get("health") == "true"
         except (OSError, ValueError):
@@ -161,25 +163,28 @@ class RedisServer(ServerProcess):
 
     binary = "redis-server"
 
-    def __init__(self, workdir: Path, users: tuple[str, ...] = ()):
-        super().__init__(workdir)
+    def __init__(self, workdir: Path, users: tuple[str, ...] = (), host: str = "127.0.0.1"):
+        super().__init__(workdir, host)
         self.users = users
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def argv(self) -> list[str]:
         return [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-            "--save", "", "--appendonly", "yes", "--protected-mode", "yes", "--daemonize", "no",
+            "redis-server", "--port", str(self.port), "--bind", self.host, "--dir", str(self.workdir),
+            "--save", "", "--appendonly", "yes", "--daemonize", "no",
+            # Protected mode refuses every client but loopback ones while the default user has no
+            # password: a test that serves on an address of its own lets its own clients in.
+            "--protected-mode", "yes" if self.host == "127.0.0.1" else "no",
             *(arg for line in self.users for arg in ("--user", *line.split())),
             *(("--user", "default", "off") if self.users else ()),
         ]
 
     def ready(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
                 s.sendall(b"PING\r\n")
                 return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:

@@ -67,13 +67,15 @@ def snapshot(objs):
 
 
 class Node:
-    """A controller on ZeroMQ connected to ``endpoint``; ``gaps`` collects its resync requests."""
+    """A controller on ZeroMQ connected to ``endpoint`` (or on ``transport``, a subscriber of any
+    driver); ``gaps`` collects its resync requests."""
 
-    def __init__(self, store, endpoint):
+    def __init__(self, store, endpoint, transport=None):
         self.mirrors = {"port": Mirror()}  # the handler protocol on one table...
         self.seen = Seen()  # ...a plain reconciler on the other
         self.gaps = []
-        self.ctrl = Controller(store, load_driver("zmq").subscriber(Stats("s", "s")), TABLES, self.mirrors,
+        transport = transport or load_driver("zmq").subscriber(Stats("s", "s"))
+        self.ctrl = Controller(store, transport, TABLES, self.mirrors,
                                SubscriberOptions(message_delay_window=0.2, max_idle_time=0.5),
                                on_gap=self.gaps.append, reconcilers={"network": self.seen},
                                runtime=ControllerOptions(workers=4))

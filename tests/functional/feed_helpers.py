@@ -8,11 +8,12 @@ from dfpubsub.metrics import Stats
 
 
 class FeedThread:
-    """A :class:`FeedPublisher` of ``store`` bound on a fresh tcp port, run until :meth:`close`."""
+    """A :class:`FeedPublisher` of ``store`` on ``driver`` (a fresh tcp port by default), run until
+    :meth:`close`."""
 
-    def __init__(self, store, cursor_path=None, name="feed"):
+    def __init__(self, store, cursor_path=None, name="feed", driver="zmq+tcp://127.0.0.1:*", options=None):
         self.stats = Stats("feed", name)
-        transport = load_driver("zmq+tcp://127.0.0.1:*").publisher(self.stats)
+        transport = load_driver(driver, options).publisher(self.stats)
         self.publisher = Publisher(transport, name, PublisherOptions(batch_linger=0.001, max_idle_time=0.3),
                                    self.stats)
         self.endpoint = transport.uri
