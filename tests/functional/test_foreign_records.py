@@ -22,8 +22,10 @@ from dfpubsub.nbapi import NbApi
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
 from dfpubsub.notify.producer import Notifier
 from dfpubsub.queues import open_queues, shard_for
+from dfpubsub.queues.api import marker
 from dfpubsub.store import open_store
 from dfpubsub.store.etcd import _txn
+from dfpubsub.store.outbox import split_versioned
 from dfpubsub.store.sqlite import _SCHEMA as SQLITE_SCHEMA
 from tests.conftest import wait_for
 from tests.functional.df_db_helpers import base_env, df_db
@@ -194,7 +196,7 @@ def _key_on(topic, shard: str) -> str:
     return next(f"k{i}" for i in itertools.count() if shard_for("orders", topic.shards, "port", f"k{i}") == shard)
 
 
-@pytest.mark.parametrize("foul", ["entries_wrong_type", "entry_id_past_seq", "seq_not_a_number",
+@pytest.mark.parametrize("foul", ["entries_wrong_type", "seq_not_a_number",
                                   "meta_wrong_type", "reservations_wrong_type", "bytes_out_of_range"])
 def test_a_write_a_foreign_queue_record_would_break_is_refused_before_it_changes_anything(outbox, foul):
     r, store, queues, registry, api, topic, prefix = outbox
@@ -204,7 +206,6 @@ def test_a_write_a_foreign_queue_record_would_break_is_refused_before_it_changes
     ns = f"{prefix}:q:"
     culprit = {
         "entries_wrong_type": lambda: (r.delete(ns + "e:" + shard), r.set(ns + "e:" + shard, "x"))[1],
-        "entry_id_past_seq": lambda: r.xadd(ns + "e:" + shard, {"x": "y"}, id="999999-0"),
         "seq_not_a_number": lambda: r.hset(ns + "m:" + shard, "seq", "abc"),
         "meta_wrong_type": lambda: (r.delete(ns + "m:" + shard), r.sadd(ns + "m:" + shard, "x"))[1],
         # (only read when the metadata counts reserved bytes: else the write never touches them)
@@ -229,6 +230,28 @@ def test_a_write_a_foreign_queue_record_would_break_is_refused_before_it_changes
     assert api.notifier.stats.get("notifications_enqueued") >= 2
 
 
+def test_a_foreign_entry_past_the_queue_sequence_stops_no_write_and_notifications_go_after_it(outbox):
+    """Another writer's stream entry at an id past the shard's sequence, kept or removed since:
+    the next append would collide with it, and a reader's position may be past it already. The
+    write goes on, and its notification takes the next id after the foreign one."""
+    r, store, queues, registry, api, topic, prefix = outbox
+    shard = registry.shard_names(topic)[1]
+    key, entries = _key_on(topic, shard), f"{prefix}:q:e:{shard}"
+    api.create("port", key, {"v": 1})
+    r.xadd(entries, {"x": "y"}, id="999999-0")
+    api.update("port", key, {"v": 2})
+    assert [i for i, _ in r.xrange(entries)][-2:] == [b"999999-0", b"1000000-0"]
+    r.xadd(entries, {"x": "y"}, id="2000000-0")
+    r.xdel(entries, "2000000-0")  # gone, but no id at or below it can be added any more
+    made = api.update("port", key, {"v": 3})
+    assert [i for i, _ in r.xrange(entries)][-1] == b"2000001-0"
+    assert store.get("port", key) == made
+    listed, _ = queues.list(shard, 10)
+    assert [e.marker for e in listed][-1] == marker(2000001)
+    assert split_versioned(listed[-1].data)[0] == made.version
+    assert api.notifier.stats.get("notifications_enqueued") == 3
+
+
 def test_a_two_phase_write_next_to_a_foreign_shard_is_refused_before_the_store_write(shared_redis, tmp_path):
     """The store on SQLite, the queues on Redis: no one script can do both, so the notification is
     reserved before the store write and committed after it. The reservation proves the shard ours."""
@@ -241,7 +264,7 @@ def test_a_two_phase_write_next_to_a_foreign_shard_is_refused_before_the_store_w
     api = NbApi(store, None, Notifier(registry, queues))
     r = redis_py.Redis.from_url(shared_redis.url)
     bad, good = registry.shard_names(topic)[1], registry.shard_names(topic)[2]
-    r.xadd(f"{prefix}:q:e:{bad}", {"x": "y"}, id="999999-0")
+    r.set(f"{prefix}:q:e:{bad}", "not a stream")
     with pytest.raises(ForeignRecord) as refused:
         api.create("port", _key_on(topic, bad), 1)
     assert refused.value.key == f"{prefix}:q:e:{bad}"
