@@ -182,8 +182,10 @@ class WorkQueue(Generic[K]):
     def start(self, key: K) -> None:
         """The worker begins ``key``, taken earlier in a batch, now. Changes of it queued until now
         are in the state it is about to read (a caller applies a change before adding its key),
-        so they need no second run after :meth:`done`. Lock-free: one atomic dict removal."""
-        self._dirty.pop(key, None)
+        so they need no second run after :meth:`done`. Lock-free: one atomic dict removal (the
+        key stays with this worker until its done, so nothing else moves it meanwhile)."""
+        if key in self._processing:  # a key still queued must keep its mark
+            self._dirty.pop(key, None)
 
     # -- state ---------------------------------------------------------------------------
 

@@ -134,7 +134,8 @@ return ids
 
 # KEYS: meta, reservations, entries. ARGV: now, (id, data)... All or nothing: returns the new
 # entries' sequence numbers, or {status, index of the culprit}. Expired reservations are swept
-# first, so they neither count nor commit.
+# first, so they neither count nor commit. (The one exception: a stream holding another writer's
+# id no sequence can pass, 2^53 and beyond, is found at its append, after the entries before.)
 _COMMIT = _LIB + """
 local q, culprit, why = queue_read(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
 if q == nil then return {-1, 0} end
