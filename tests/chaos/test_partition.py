@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from dfpubsub.tools.servers import EtcdServer, RedisServer, free_port
 
 from dfpubsub import Publisher, PublisherOptions, load_driver
 from dfpubsub.codec import decode, decode_events
@@ -23,7 +24,6 @@ from dfpubsub.errors import StoreUnavailable
 from dfpubsub.events import Action, EventBatch
 from dfpubsub.metrics import Stats
 from dfpubsub.store import open_store
-from dfpubsub.tools.servers import EtcdServer, RedisServer, free_port
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import Node
 from tests.functional.feed_helpers import FeedThread
