@@ -61,8 +61,10 @@ class VersionedCache:
             if held is not None:
                 if event.version <= held[3]:
                     return False
-            elif self._tombstones and event.version <= self._version_locked(ident):
-                return False
+            elif self._tombstones:
+                tomb = self._tombstones.get(ident)
+                if tomb is not None and event.version <= tomb[0]:
+                    return False
             if event.action is _DELETE:
                 self._objects.pop(ident, None)
                 self._tombstones[ident] = (event.version, self._clock())

@@ -139,7 +139,6 @@ class Controller:
                         TokenBucket(rt.retry_qps, rt.retry_burst)),
             rt.queue_size, stats,
         )
-        self._failing = self.queue.limiter.failing  # keys with a backoff to forget on success
         self.reconcile_interval = reconcile_interval
         self.on_reconciled = on_reconciled
         self.bootstrap = bootstrap
@@ -341,8 +340,7 @@ class Controller:
             self._failure(ident, exc)
             return False
         if result is None or not (result.requeue or result.requeue_after > 0):
-            if ident in self._failing:
-                self.queue.forget(ident)
+            self.queue.forget(ident)
             if self._failed:
                 self._failed.pop(ident, None)
             if last is not None:
