@@ -150,10 +150,8 @@ class Controller:
         stats.set("reconcile_failed_keys", lambda: len(self._failed))
         self._badlog = RateLimitedLog(log)
         self.synced = threading.Event()
-        self._pending: list[_Ident] = []  # keys changed by the envelope being applied
         self.subscriber = Subscriber(
-            transport, topics, self._on_event, self._on_resync, options, name, on_gap, stats,
-            on_delivered=self._flush,
+            transport, topics, None, self._on_resync, options, name, on_gap, stats, on_events=self._on_events,
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -216,28 +214,39 @@ class Controller:
 
     # -- the dispatch thread: cache, indexes, queue ----------------------------------------
 
-    def _on_event(self, event: Event) -> None:
-        table = event.table
-        if event.action is _DELETE:
-            previous = self.cache.get(table, event.key)
-            if not self.cache.apply(event):
-                self.stats.inc("stale_events")
-                return
-            if previous is not None:
-                self._changed(table, event.key, None, previous, self.indexers.get(table))
-            return
-        if not self.cache.apply(event):
-            self.stats.inc("stale_events")
-            return
-        if self.indexers:
-            indexer = self.indexers.get(table)
-            if indexer is not None:
-                indexer.update(event.key, self.cache.get(table, event.key))
-        if table in self.reconcilers:
-            ident = (table, event.key)
-            if self._gone:
-                self._forget_gone(ident)
-            self._pending.append(ident)
+    def _on_events(self, events: list[Event]) -> None:
+        """Apply an envelope's events to the cache (and indexes) and queue the keys they changed, in
+        one step (one lock round and one wake-up for them all). The dispatch thread's hot path."""
+        apply, get, reconcilers, indexers = self.cache.apply, self.cache.get, self.reconcilers, self.indexers
+        pending: list[_Ident] = []
+        stale = 0
+        try:
+            for event in events:
+                table = event.table
+                if event.action is _DELETE:
+                    previous = get(table, event.key)
+                    if not apply(event):
+                        stale += 1
+                    elif previous is not None:
+                        self._changed(table, event.key, None, previous, indexers.get(table), pending)
+                    continue
+                if not apply(event):
+                    stale += 1
+                    continue
+                if indexers:
+                    indexer = indexers.get(table)
+                    if indexer is not None:
+                        indexer.update(event.key, get(table, event.key))
+                if table in reconcilers:
+                    ident = (table, event.key)
+                    if self._gone:
+                        self._forget_gone(ident)
+                    pending.append(ident)
+        finally:  # what is in the cache must reach the reconcilers, should a later event fail
+            if stale:
+                self.stats.inc("stale_events", stale)
+            if pending:
+                self.queue.add_many(pending)
 
     def _list(self, topics: set[str]) -> list[VersionedObject]:
         """The source of truth for ``topics``: the bootstrap for those never synced, else the store."""
@@ -259,13 +268,14 @@ class Controller:
             self._listed |= topics
         reconcilers, indexers = self.reconcilers, self.indexers
         wanted = reconcilers.keys() | indexers.keys()
+        pending: list[_Ident] = []
         for ch in changes if wanted else ():  # a cache-only controller: a million changes to skip
             if ch.table not in wanted:
                 continue
             obj = None if ch.action is Action.DELETE else VersionedObject(ch.topic, ch.table, ch.key, ch.version,
                                                                           ch.value)
-            self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table))
-        self._flush()
+            self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table), pending)
+        self.queue.add_many(pending)
         self.stats.inc("resync_changes", len(changes))
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)
@@ -273,8 +283,9 @@ class Controller:
                                     "objects": listed, "changes": len(changes)})
 
     def _changed(self, table: str, key: str, obj: VersionedObject | None, previous: VersionedObject | None,
-                 indexer: Indexer | None) -> None:
-        """The cache changed ``key`` from ``previous`` to ``obj`` (None: deleted): index and queue it."""
+                 indexer: Indexer | None, pending: list[_Ident]) -> None:
+        """The cache changed ``key`` from ``previous`` to ``obj`` (None: deleted): index it, and note it
+        in ``pending`` to be queued."""
         if indexer is not None:
             indexer.update(key, obj)
         if table not in self.reconcilers:
@@ -285,13 +296,7 @@ class Controller:
                 self._gone[ident] = previous
         elif self._gone:
             self._forget_gone(ident)
-        self._pending.append(ident)
-
-    def _flush(self) -> None:
-        """Queue the keys the last envelope (or resync) changed: one lock and one wake-up for all."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self.queue.add_many(pending)
+        pending.append(ident)
 
     def _forget_gone(self, ident: _Ident, only: VersionedObject | None = None) -> None:
         with self._gone_lock:
@@ -304,11 +309,17 @@ class Controller:
     # -- workers ----------------------------------------------------------------------------
 
     def _work_loop(self) -> None:
-        queue, stats = self.queue, self.stats
+        """Take keys in batches and reconcile each with the cache's current state.
+
+        The hot path of a controller, one pass per key: the reconcile is inlined here and what
+        it reads is bound once, since with the GIL every step of it delays the dispatch thread
+        too (tools/bench/controller.py)."""
+        queue, stats, start = self.queue, self.stats, self.queue.start
+        lookup, reconcilers, gone, failed = self.cache.lookup(), self.reconcilers, self._gone, self._failed
+        failing = queue.limiter.failing  # keys with a backoff to forget: usually none
         # Keys come in batches (one lock round each); idle workers take the batch's tail, so
         # no key waits behind a slow one while another worker could run it.
         taken: list[_Ident] = []
-        start = queue.start
         batch = queue.done_and_take(taken, 32)
         while batch:
             taken, done = [], 0
@@ -319,54 +330,53 @@ class Controller:
                     break
                 taken.append(ident)
                 start(ident)  # changes made while it waited in the batch are read now: no extra run
+                obj = lookup(ident)
+                last = gone.get(ident) if obj is None else None
                 try:
-                    done += self._reconcile(ident)
-                except Exception:  # a bug here must not cost a worker: log it and retry the key
-                    log.exception("controller worker failed", extra={"controller": self.name, "key": list(ident)})
-                    queue.add_rate_limited(ident)
+                    # tuple.__new__: the named tuple's own __new__ is a Python lambda, a cost per key.
+                    result: Result | None = reconcilers[ident[0]].reconcile(_new(ObjectKey, ident), obj)
+                    if result is None or not (result.requeue or result.requeue_after > 0):
+                        if failing:
+                            queue.forget(ident)
+                        if failed:
+                            failed.pop(ident, None)
+                        if last is not None:
+                            self._forget_gone(ident, only=last)
+                        done += 1
+                    else:
+                        self._requeue(ident, result)
+                except Exception as exc:  # user code: retry with backoff, never kill the worker
+                    self._failure(ident, exc)
             if done:
                 stats.inc("reconciles", done, reason="done")
             batch = queue.done_and_take(taken, 32)
 
-    def _reconcile(self, ident: _Ident) -> bool:
-        """Reconcile one key; whether it is done (the caller counts those, a batch at a time)."""
-        table, key = ident
-        obj = self.cache.get(table, key)
-        last = self._gone.get(ident) if obj is None else None
-        try:
-            # tuple.__new__: the named tuple's own __new__ is a Python lambda, a cost per key.
-            result: Result | None = self.reconcilers[table].reconcile(_new(ObjectKey, ident), obj)
-        except Exception as exc:  # user code: retry with backoff, never kill the worker
-            self._failure(ident, exc)
-            return False
-        if result is None or not (result.requeue or result.requeue_after > 0):
-            self.queue.forget(ident)
-            if self._failed:
-                self._failed.pop(ident, None)
-            if last is not None:
-                self._forget_gone(ident, only=last)
-            return True
+    def _requeue(self, ident: _Ident, result: Result) -> None:
+        """The reconciler asked for ``ident`` again: after ``requeue_after``, else with backoff."""
         self.stats.inc("reconciles", reason="requeue")
         if result.requeue_after > 0:
             self.queue.forget(ident)
             self.queue.add_after(ident, result.requeue_after)
         else:
             self.queue.add_rate_limited(ident)
-        return False
 
     def _failure(self, ident: _Ident, exc: Exception) -> None:
-        self.stats.inc("reconciles", reason="error")
-        failures = self.queue.retries(ident) + 1
-        limit = self.runtime.max_retries
-        if limit and failures > limit:
-            self.queue.forget(ident)
-            self._failed[ident] = FailedKey(ObjectKey(*ident), repr(exc), failures, time.time())
-            self.stats.inc("reconcile_failed")
-            log.error("reconcile failed %d times; key given up until its next change or resync", failures,
-                      extra={"controller": self.name, "table": ident[0], "key": ident[1], "error": repr(exc)})
-            return
-        self._badlog.warning(ident[0], "reconcile failed; retrying with backoff", controller=self.name,
-                             table=ident[0], key=ident[1], failures=failures, error=repr(exc))
+        """``ident``'s reconcile raised ``exc``: retry it with backoff, or give it up."""
+        try:
+            self.stats.inc("reconciles", reason="error")
+            failures = self.queue.retries(ident) + 1
+            limit = self.runtime.max_retries
+            if limit and failures > limit:
+                self.queue.forget(ident)
+                self._failed[ident] = FailedKey(ObjectKey(*ident), repr(exc), failures, time.time())
+                self.stats.inc("reconcile_failed")
+                log.error("reconcile failed %d times; key given up until its next change or resync", failures,
+                          extra={"controller": self.name, "table": ident[0], "key": ident[1], "error": repr(exc)})
+                return
+            self._badlog.warning(ident[0], "reconcile failed; retrying with backoff", controller=self.name,
+                                 table=ident[0], key=ident[1], failures=failures, error=repr(exc))
+        except Exception:  # a bug here must not cost a worker nor the key: log it and retry the key
+            log.exception("controller worker failed", extra={"controller": self.name, "key": list(ident)})
         self.queue.add_rate_limited(ident)
 
     # -- timers -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -106,20 +106,6 @@ class Histogram:
         """Count ``n`` observations of ``value`` (not locked: a lost increment under a race is tolerable)."""
         self.counts[bisect_left(BUCKETS, value)] += n
         self.sum += value * n
-
-    def observe_since(self, now: float, starts: Iterable[float]) -> None:
-        """Observe ``now - t`` for each of ``starts``; a run of equal ones costs one bucket lookup
-        (a batch of keys queued or taken together shares its time)."""
-        since, run = now, 0
-        for t in starts:
-            if t == since:
-                run += 1
-                continue
-            if run:
-                self.observe(now - since, run)
-            since, run = t, 1
-        if run:
-            self.observe(now - since, run)
 
     @property
     def count(self) -> int:

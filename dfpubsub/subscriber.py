@@ -31,11 +31,13 @@ from .metrics import Stats
 from .resync import ResyncScheduler
 from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
 
-__all__ = ["Subscriber", "SubscriberOptions", "EventHandler", "ResyncHandler"]
+__all__ = ["Subscriber", "SubscriberOptions", "EventHandler", "EventsHandler", "ResyncHandler"]
 
 log = logging.getLogger(__name__)
 
 EventHandler = Callable[[Event], None]
+#: Called with the events of one envelope at a time (see ``Subscriber(on_events=...)``).
+EventsHandler = Callable[[list[Event]], None]
 #: Called with the topics to resync; must list the source of truth and reconcile.
 ResyncHandler = Callable[[set[str]], None]
 
@@ -72,25 +74,28 @@ class Subscriber:
     ``on_resync(topics)`` is called (on the dispatch thread) when the topics
     must be reconciled against the source of truth; without it, lost messages
     are only counted. ``on_gap(request)`` observes every resync request as it
-    is made (on the receive thread; keep it quick). ``on_delivered()`` is
-    called on the dispatch thread after the events of each envelope were
-    handled (to act on them as a batch). ``stats`` may be shared with the
-    transport so that its drops count here too.
+    is made (on the receive thread; keep it quick). ``on_events(events)``,
+    given instead of ``on_event``, is handed the events of each envelope at
+    once (to act on them as a batch: one call per envelope instead of one per
+    event); if it raises, the envelope's topic is resynced. ``stats`` may be
+    shared with the transport so that its drops count here too.
     """
 
     def __init__(
         self,
         transport: SubscriberTransport,
         topics: Iterable[str],
-        on_event: EventHandler,
+        on_event: EventHandler | None,
         on_resync: ResyncHandler | None = None,
         options: SubscriberOptions | None = None,
         name: str = "subscriber",
         on_gap: Callable[[ResyncRequest], None] | None = None,
         stats: Stats | None = None,
         *,
-        on_delivered: Callable[[], None] | None = None,
+        on_events: EventsHandler | None = None,
     ):
+        if (on_event is None) == (on_events is None):
+            raise ValueError("a subscriber needs one of on_event and on_events")
         self.transport = transport
         self.options = opts = options or SubscriberOptions()
         self.name = name
@@ -98,7 +103,7 @@ class Subscriber:
         self.on_event = on_event
         self.on_resync = on_resync
         self.on_gap = on_gap
-        self.on_delivered = on_delivered
+        self.on_events = on_events
         self._topics: frozenset[str] = frozenset(validate_topic(t) for t in topics)
         self.tracker = SequenceTracker(
             self._topics, opts.message_delay_window, self.stats, opts.max_held, opts.dead_after_idles,
@@ -314,18 +319,25 @@ class Subscriber:
             self._badlog.warning(exc.reason, "dropped envelope with a bad event", error=str(exc))
             self._request(ResyncRequest(batch.topic, "bad_event", batch.publisher_id, (batch.seq, batch.last_seq)))
             return
-        handler = self.on_event
-        for event in events:
+        if self.on_events is not None:
             try:
-                handler(event)
-            except Exception as exc:  # the handler is user code; one bad event must not kill the thread
-                self.stats.inc("handler_errors")
-                self._badlog.warning("handler", "event handler failed; resyncing its topic",
-                                     topic=event.topic, key=event.key, error=repr(exc))
-                self._request(ResyncRequest(event.topic, "handler_error", event.publisher_id))
+                self.on_events(events)
+            except Exception as exc:  # as below, for the envelope
+                self._handler_failed(exc, batch.topic, batch.publisher_id)
+        else:
+            handler = cast(EventHandler, self.on_event)
+            for event in events:
+                try:
+                    handler(event)
+                except Exception as exc:  # the handler is user code; one bad event must not kill the thread
+                    self._handler_failed(exc, event.topic, event.publisher_id, event.key)
         self.stats.inc("events_in", len(events))
-        if self.on_delivered is not None:
-            self.on_delivered()
+
+    def _handler_failed(self, exc: Exception, topic: str, publisher_id: str, key: str | None = None) -> None:
+        self.stats.inc("handler_errors")
+        self._badlog.warning("handler", "event handler failed; resyncing its topic", topic=topic, key=key,
+                             error=repr(exc))
+        self._request(ResyncRequest(topic, "handler_error", publisher_id))
 
     def _maybe_resync(self) -> None:
         if self.on_resync is None:

@@ -135,6 +135,43 @@ def test_a_reconciler_finds_the_final_state_of_a_deleted_object_until_the_delete
     assert ctrl.lister("port").last_known("p1") is None  # dropped once the delete was reconciled
 
 
+def test_an_envelope_failing_midway_still_queues_what_it_applied_and_resyncs_the_rest(env):
+    store, api, controller = env
+    seen = Seen()
+    ctrl = controller(reconcilers={"port": seen})
+    # Its own publisher, lingering long enough for the last events of a burst to share an envelope.
+    stats = Stats("p2", "p2")
+    pub = Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "api2",
+                    PublisherOptions(batch_linger=0.5, max_idle_time=0.3), stats)
+    try:
+        ctrl.connect(pub.transport.uri)
+        wait_for(lambda: stats.get("subscribers_joined") >= 1, what="the controller to subscribe")
+        apply, handle, envelopes, failed = ctrl.cache.apply, ctrl.subscriber.on_events, [], []
+
+        def failing_once_on_the_last(event):
+            if event.key == "p39" and not failed:
+                failed.append(event.key)
+                raise RuntimeError("a bug while applying p39")
+            return apply(event)
+
+        def recording(events):
+            envelopes.append([e.key for e in events])
+            return handle(events)
+
+        ctrl.cache.apply, ctrl.subscriber.on_events = failing_once_on_the_last, recording
+        written = [store.create("port", f"p{i}", {"rev": 0}) for i in range(40)]
+        for obj in written:  # a burst: the publisher batches from its 30th event on
+            pub.publish(obj.topic, obj.table, obj.key, "create", obj.version, obj.value)
+        # The keys before p39 in its envelope were in the cache when it failed, so the resync finds
+        # nothing to change for them: they reach the reconciler only if they were queued anyway.
+        wait_for(lambda: all(seen.objects.get(o.key) == o for o in written), what="every key to be reconciled")
+        last = next(keys for keys in envelopes if "p39" in keys)
+        assert len(last) > 1, f"p39 came alone ({envelopes}): nothing was applied before the failure"
+        assert failed and ctrl.stats.get("handler_errors") == 1 and ctrl.stats.get("resync_requests", "handler_error")
+    finally:
+        pub.close()
+
+
 def test_a_blocked_key_does_not_delay_the_others_and_no_key_runs_twice_at_once(env):
     store, api, controller = env
     slow_started = threading.Event()

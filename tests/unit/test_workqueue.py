@@ -1,6 +1,7 @@
 """The controller's work queue and its rate limiter, on a fake clock."""
 
 import threading
+import time
 
 import pytest
 
@@ -255,3 +256,35 @@ def test_an_idle_worker_takes_the_untouched_tail_of_a_busy_workers_batch():
     q.done("c")
     assert q.get(0) == "c" and q.stats.get("workqueue_steals") == 2
 
+
+
+def test_the_queue_lock_excludes_and_a_waiter_gets_it_once_the_holder_lets_go():
+    from dfpubsub.workqueue import _YieldingLock
+
+    lock = _YieldingLock()
+    assert lock.acquire(False) and not lock.acquire(False) and lock.locked()
+    got = threading.Event()
+    waiter = threading.Thread(target=lambda: (lock.acquire(), got.set(), lock.release()))
+    waiter.start()
+    assert not got.wait(0.2), "the waiter took a lock still held"
+    lock.release()
+    assert got.wait(5)
+    waiter.join(5)
+    # Mutual exclusion under contention, with the GIL given up inside the section.
+    inside, overlaps, count = [0], [0], [0]
+
+    def work():
+        for _ in range(500):
+            with lock:
+                inside[0] += 1
+                overlaps[0] += inside[0] > 1
+                time.sleep(0)
+                count[0] += 1
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert count[0] == 2000 and overlaps[0] == 0
