@@ -388,3 +388,30 @@ def test_a_slow_transport_makes_the_publisher_batch(driver):
     assert pub.stats.get("envelopes_out") < 100  # unbatched it would take 1000 sends, 0.2 s
     pub.close()
     node.sub.close()
+
+
+def test_a_batch_handler_gets_each_envelope_at_once_and_a_failure_resyncs_its_topic(driver):
+    with pytest.raises(ValueError, match="one of on_event and on_events"):
+        Subscriber(driver.subscriber(Stats("t", "t")), ["a"], lambda e: None, on_events=lambda events: None)
+    with pytest.raises(ValueError, match="one of on_event and on_events"):
+        Subscriber(driver.subscriber(Stats("t", "t")), ["a"], None)
+    db = DB()
+    envelopes, resyncs = [], []
+
+    def on_events(events):
+        envelopes.append([e.key for e in events])
+        if len(envelopes) == 1:
+            raise RuntimeError("a bug")
+
+    sub = Subscriber(driver.subscriber(Stats("t", "t")), ["a"], None, resyncs.append, on_events=on_events)
+    sub.start()
+    sub.wait_synced(5)
+    pub = publisher(driver, batch_linger=0.5)
+    for i in range(40):  # a burst: batched from the 30th event on, into one envelope
+        pub.publish("a", "tbl", f"k{i}", "create", db.write("a", f"k{i}", 1))
+    wait_for(lambda: sum(map(len, envelopes)) == 40, what="every event to be handed over")
+    assert len(envelopes[-1]) > 1 and sub.stats.get("events_in") == 40
+    wait_for(lambda: len(resyncs) == 2, what="the failed envelope's topic to be resynced")
+    assert resyncs[1] == {"a"} and sub.stats.get("handler_errors") == 1
+    pub.close()
+    sub.close()
