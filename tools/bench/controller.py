@@ -26,7 +26,9 @@ Last line: ``{"bench": "controller", "events_per_s": X, "direct_events_per_s": X
 "queue_p99_ms": X, "cpu_ratio": R, "pinned_ratio": R, ...}`` for the headline (no-op reconciler,
 distinct keys, 1 worker; ``cpu_ratio`` compares events per CPU-second of the process, steadier on
 a shared machine); the other variants follow as ``<scenario>_<cost>_w<workers>_events_per_s`` and
-their ratios.
+their ratios. ``round_ratios`` and ``pinned_round_ratios`` are the headline pairs of each round
+(run back to back), with their medians: steadier than the ratio of two bests when the machine's
+speed moves between rounds.
 ``queue_p99_ms`` is the upper bound of the histogram bucket holding the 99th percentile
 of the time keys waited in the queue. Target: ratio >= 0.8.
 """
@@ -37,6 +39,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -190,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                     variants[f"{scenario}_{label}_w{w}"] = (
                         lambda k=keys, c=cost, w=w: run_queue(store, Target(args.events, k), c, w))
         best: dict[str, tuple[float, float, float]] = {}
+        rates: dict[str, list[float]] = {}
         for r in range(args.rounds):
             for name, run in variants.items():
                 rate, cpu_rate, p99 = run()
+                rates.setdefault(name, []).append(rate)
                 print(f"round {r + 1} {name}: {rate:,.0f} events/s, {cpu_rate:,.0f} events/CPU-s"
                       + (f", queue p99 <= {p99:g} ms" if p99 else ""), flush=True)
                 if name not in best or rate > best[name][0]:
@@ -203,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     out.update(events_per_s=round(head[0]), direct_events_per_s=round(direct[0]), ratio=round(head[0] / direct[0], 3),
                queue_p99_ms=head[2], cpu_ratio=round(head[1] / direct[1], 3))
     out["pinned_ratio"] = round(best["pinned_w1"][0] / best["pinned_direct"][0], 3)
+    # Each round's pair, run back to back: steadier than the ratio of two bests on a noisy machine.
+    for label, queue, direct in (("round", "distinct_noop_w1", "distinct_noop_direct"),
+                                 ("pinned_round", "pinned_w1", "pinned_direct")):
+        out[f"{label}_ratios"] = [round(q / d, 3) for q, d in zip(rates[queue], rates[direct])]
+        out[f"{label}_ratio_median"] = round(statistics.median(out[f"{label}_ratios"]), 3)
     for name, (rate, _, p99) in best.items():
         if not name.endswith("_direct"):
             base = best[name.rsplit("_", 1)[0] + "_direct"][0]
