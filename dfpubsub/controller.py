@@ -275,7 +275,8 @@ class Controller:
             obj = None if ch.action is Action.DELETE else VersionedObject(ch.topic, ch.table, ch.key, ch.version,
                                                                           ch.value)
             self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table), pending)
-        self.queue.add_many(pending)
+        if pending:
+            self.queue.add_many(pending)
         self.stats.inc("resync_changes", len(changes))
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)

@@ -209,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                queue_p99_ms=head[2], cpu_ratio=round(head[1] / direct[1], 3))
     out["pinned_ratio"] = round(best["pinned_w1"][0] / best["pinned_direct"][0], 3)
     # Each round's pair, run back to back: steadier than the ratio of two bests on a noisy machine.
-    for label, queue, direct in (("round", "distinct_noop_w1", "distinct_noop_direct"),
+    for label, queued, alone in (("round", "distinct_noop_w1", "distinct_noop_direct"),
                                  ("pinned_round", "pinned_w1", "pinned_direct")):
-        out[f"{label}_ratios"] = [round(q / d, 3) for q, d in zip(rates[queue], rates[direct])]
+        out[f"{label}_ratios"] = [round(q / d, 3) for q, d in zip(rates[queued], rates[alone])]
         out[f"{label}_ratio_median"] = round(statistics.median(out[f"{label}_ratios"]), 3)
     for name, (rate, _, p99) in best.items():
         if not name.endswith("_direct"):
