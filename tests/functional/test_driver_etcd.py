@@ -284,7 +284,10 @@ def test_a_subscriber_behind_a_compaction_resyncs_its_topics_and_goes_on(etcd_se
     wait_for(lambda: raw.revision() > inner.revision, what="revisions the paused watch has not received")
     raw.kv.Compact(rpc.CompactionRequest(revision=raw.revision(), physical=True), timeout=5)
     gate.open.set()
-    wait_for(lambda: any(g.reason == "compacted" for g in sink.gaps), what="the compaction to be noticed")
+    # Longer than the default: on a loaded CI machine a physical compaction stalls etcd, and the
+    # watch's first attempts after it can fail and back off before one sees the compaction.
+    wait_for(lambda: any(g.reason == "compacted" for g in sink.gaps), timeout=30,
+             what="the compaction to be noticed")
     assert [(g.topic, g.reason) for g in sink.gaps if g.reason == "compacted"] == [("a", "compacted")]
     wait_for(lambda: len(sink.resyncs) >= 2 and "a" in sink.resyncs[-1], what="a resync of the topic")
     for i in range(10):
