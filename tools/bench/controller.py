@@ -16,6 +16,9 @@ worst case) or ``hot`` (``--hot-keys`` keys updated over and over: changes
 made while a key waits collapse). Rounds alternate the variants; the best of
 each counts. Figures are noisy on a shared machine.
 
+Each run starts timing after a full garbage collection, so that no run pays for collecting
+what the runs before it left (a closed subscriber and its bus of frames are cyclic garbage).
+
 The headline pair (no-op, distinct keys, direct and 1 worker) is also run with the process
 pinned to one CPU (``pinned_*``): the dispatch thread and a worker hand the GIL and the objects
 they share back and forth, and on two cores every hand-off moves those cache lines (and their
@@ -29,6 +32,10 @@ a shared machine); the other variants follow as ``<scenario>_<cost>_w<workers>_e
 their ratios. ``round_ratios`` and ``pinned_round_ratios`` are the headline pairs of each round
 (run back to back), with their medians: steadier than the ratio of two bests when the machine's
 speed moves between rounds.
+``pair_ratio_median`` (and its interquartile range ``pair_ratio_iqr``) is the median over
+``--pairs`` more headline pairs, run back to back with the order alternating: on this machine
+the steadiest figure (the speed of the machine moves by more than the gap between the two
+within minutes; docs/performance.md).
 ``queue_p99_ms`` is the upper bound of the histogram bucket holding the 99th percentile
 of the time keys waited in the queue. Target: ratio >= 0.8.
 """
@@ -36,6 +43,7 @@ of the time keys waited in the queue. Target: ratio >= 0.8.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
@@ -129,6 +137,7 @@ def run_direct(store: Any, target: Target, cost: float) -> tuple[float, float, f
 
     sub = Subscriber(transport, TABLES, on_event, lambda topics: cache.reconcile(topics, store.list_topics(topics)),
                      SubscriberOptions(queue_size=100_000), "bench-direct")
+    gc.collect()  # no run pays for the garbage of the runs before it
     t0, c0 = time.perf_counter(), time.process_time()
     sub.start()
     if not target.done.wait(600):
@@ -153,6 +162,7 @@ def run_queue(store: Any, target: Target, cost: float, workers: int) -> tuple[fl
     ctrl = Controller(store, transport, TABLES, options=SubscriberOptions(queue_size=100_000), name="bench",
                       reconcilers={t: rec for t in TABLES},
                       runtime=ControllerOptions(workers=workers, resync_period=0, sync_drains_queue=False))
+    gc.collect()  # no run pays for the garbage of the runs before it
     t0, c0 = time.perf_counter(), time.process_time()
     ctrl.start()
     if not target.done.wait(600):
@@ -179,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=50_000)
     p.add_argument("--hot-keys", type=int, default=500)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--pairs", type=int, default=20,
+                   help="extra back-to-back headline pairs, alternating which goes first (0: none)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/nb.sqlite", TABLES)  # empty: the initial sync lists nothing
@@ -202,6 +214,17 @@ def main(argv: list[str] | None = None) -> int:
                       + (f", queue p99 <= {p99:g} ms" if p99 else ""), flush=True)
                 if name not in best or rate > best[name][0]:
                     best[name] = (rate, max(cpu_rate, best.get(name, (0, 0, 0))[1]), p99)
+        pair_ratios: list[float] = []
+        queued, alone = variants["distinct_noop_w1"], variants["distinct_noop_direct"]
+        for i in range(args.pairs):
+            if i % 2:
+                q = queued()[0]
+                d = alone()[0]
+            else:
+                d = alone()[0]
+                q = queued()[0]
+            pair_ratios.append(q / d)
+            print(f"pair {i + 1}: direct {d:,.0f}, 1 worker {q:,.0f} events/s, ratio {q / d:.3f}", flush=True)
         store.close()
     out: dict[str, Any] = {"bench": "controller", "events": args.events}
     head, direct = best["distinct_noop_w1"], best["distinct_noop_direct"]
@@ -213,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
                                  ("pinned_round", "pinned_w1", "pinned_direct")):
         out[f"{label}_ratios"] = [round(q / d, 3) for q, d in zip(rates[queued], rates[alone])]
         out[f"{label}_ratio_median"] = round(statistics.median(out[f"{label}_ratios"]), 3)
+    if len(pair_ratios) >= 2:
+        quartiles = statistics.quantiles(pair_ratios, n=4)
+        out.update(pairs=len(pair_ratios), pair_ratio_median=round(statistics.median(pair_ratios), 3),
+                   pair_ratio_iqr=[round(quartiles[0], 3), round(quartiles[2], 3)])
     for name, (rate, _, p99) in best.items():
         if not name.endswith("_direct"):
             base = best[name.rsplit("_", 1)[0] + "_direct"][0]
