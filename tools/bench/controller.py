@@ -215,14 +215,14 @@ def main(argv: list[str] | None = None) -> int:
                 if name not in best or rate > best[name][0]:
                     best[name] = (rate, max(cpu_rate, best.get(name, (0, 0, 0))[1]), p99)
         pair_ratios: list[float] = []
-        queued, alone = variants["distinct_noop_w1"], variants["distinct_noop_direct"]
+        run_w1, run_alone = variants["distinct_noop_w1"], variants["distinct_noop_direct"]
         for i in range(args.pairs):
             if i % 2:
-                q = queued()[0]
-                d = alone()[0]
+                q = run_w1()[0]
+                d = run_alone()[0]
             else:
-                d = alone()[0]
-                q = queued()[0]
+                d = run_alone()[0]
+                q = run_w1()[0]
             pair_ratios.append(q / d)
             print(f"pair {i + 1}: direct {d:,.0f}, 1 worker {q:,.0f} events/s, ratio {q / d:.3f}", flush=True)
         store.close()
