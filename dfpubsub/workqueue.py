@@ -388,7 +388,6 @@ class WorkQueue(Generic[K]):
                 self._add_locked(key, now)
 
 
-
 class _YieldingLock:
     """A lock for short critical sections between Python threads that does not convoy under the GIL.
 

@@ -257,7 +257,6 @@ def test_an_idle_worker_takes_the_untouched_tail_of_a_busy_workers_batch():
     assert q.get(0) == "c" and q.stats.get("workqueue_steals") == 2
 
 
-
 def test_the_queue_lock_excludes_and_a_waiter_gets_it_once_the_holder_lets_go():
     from dfpubsub.workqueue import _YieldingLock
 
