@@ -207,6 +207,9 @@ class Controller:
         keys += [(o.table, o.key) for o in self.cache.items() if o.table in tables]
         keys += list(self._failed)
         add = self.queue.add
+        # Once each: a failed key is cached too, and its second add could land after a worker took
+        # the first, and run it again for nothing.
+        keys = list(dict.fromkeys(keys))
         for ident in keys:
             add(ident)
         self.stats.inc("redeliveries", len(keys))
