@@ -42,6 +42,7 @@ COUNTERS: dict[str, str] = {
     "drops": "Messages dropped, by reason.",
     "handler_errors": "Event handlers that raised.",
     "send_errors": "Transport send failures.",
+    "reopens": "Sockets a ZeroMQ subscriber replaced to drop an endpoint (libzmq's disconnect can abort mid-message).",
     "background_errors": "Unexpected errors a background thread survived (logged with their traceback).",
     "subscribers_joined": "Subscribers a publisher saw join (where the transport tells).",
     "events_archived": "Events written to the event log (df-archiver).",

@@ -29,21 +29,15 @@ class ZmqSubscriber(SubscriberTransport):
         self.opts = opts
         self.stats = stats
         ctx = zmq.Context.instance()
-        self.sock = ctx.socket(zmq.SUB)
-        common_options(self.sock, opts)
-        self.sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
         own = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
             else opts.curve_client_secret_key
         #: CURVE is on when the subscriber has a publisher key or a key pair of its own; then
         #: every endpoint is connected with its pinned key (pin()), or curve_server_key.
         self._curve = bool(opts.curve_server_key or own)
+        self._secret = (own or zmq.curve_keypair()[1].decode()).encode() if self._curve else b""
         self._pins: dict[str, bytes] = {}
-        if self._curve:
-            secret = (own or zmq.curve_keypair()[1].decode()).encode()
-            if opts.curve_server_key:
-                self.sock.curve_serverkey = opts.curve_server_key.encode()
-            self.sock.curve_secretkey = secret
-            self.sock.curve_publickey = zmq.curve_public(secret)
+        self._subscribed: set[bytes] = set()  # the topic frames the socket is subscribed to
+        self.sock = self._socket()
         wake_addr = f"inproc://dfpubsub-wake-{id(self):x}"
         self._wake_rx = ctx.socket(zmq.PAIR)
         self._wake_rx.bind(wake_addr)
@@ -62,6 +56,15 @@ class ZmqSubscriber(SubscriberTransport):
         for ep in endpoints:
             self.connect(ep)
 
+    def _socket(self) -> zmq.Socket:
+        sock = zmq.Context.instance().socket(zmq.SUB)
+        common_options(sock, self.opts)
+        sock.setsockopt(zmq.RCVHWM, self.opts.rcvhwm)
+        if self._curve:
+            sock.curve_secretkey = self._secret
+            sock.curve_publickey = zmq.curve_public(self._secret)
+        return sock
+
     # Commands run on the receive thread, inside recv().
     def _command(self, fn: Callable[[], None]) -> None:
         if self._closing:
@@ -74,12 +77,24 @@ class ZmqSubscriber(SubscriberTransport):
     def subscribe(self, topic: str) -> None:
         tf = topic_frame(topic)
         self._accepted = self._accepted | {tf}
-        self._command(lambda: self.sock.setsockopt(zmq.SUBSCRIBE, tf))
+
+        def run() -> None:
+            if tf not in self._subscribed:  # libzmq counts subscriptions: once each
+                self._subscribed.add(tf)
+                self.sock.setsockopt(zmq.SUBSCRIBE, tf)
+
+        self._command(run)
 
     def unsubscribe(self, topic: str) -> None:
         tf = topic_frame(topic)
         self._accepted = self._accepted - {tf}
-        self._command(lambda: self.sock.setsockopt(zmq.UNSUBSCRIBE, tf))
+
+        def run() -> None:
+            if tf in self._subscribed:
+                self._subscribed.discard(tf)
+                self.sock.setsockopt(zmq.UNSUBSCRIBE, tf)
+
+        self._command(run)
 
     def connect(self, uri: str) -> None:
         if not uri.startswith(SCHEMES):
@@ -87,16 +102,19 @@ class ZmqSubscriber(SubscriberTransport):
 
         def run() -> None:
             if uri not in self.endpoints:
-                try:
-                    if self._curve:  # libzmq takes the key in force when connect() is called
-                        self.sock.curve_serverkey = self._pins.get(uri) or (self.opts.curve_server_key or "").encode()
-                    self.sock.connect(uri)
-                except zmq.ZMQError as exc:
-                    self.stats.inc("drops", reason="bad_endpoint")
-                    raise TransportError(f"cannot connect to {uri}: {exc}") from exc
+                self._connect(uri)
                 self.endpoints.add(uri)
 
         self._command(run)
+
+    def _connect(self, uri: str) -> None:
+        try:
+            if self._curve:  # libzmq takes the key in force when connect() is called
+                self.sock.curve_serverkey = self._pins.get(uri) or (self.opts.curve_server_key or "").encode()
+            self.sock.connect(uri)
+        except zmq.ZMQError as exc:
+            self.stats.inc("drops", reason="bad_endpoint")
+            raise TransportError(f"cannot connect to {uri}: {exc}") from exc
 
     def pin(self, uri: str, public_key: str) -> None:
         """Connect ``uri`` (from now on) only to the publisher holding ``public_key`` (Z85), when
@@ -109,12 +127,32 @@ class ZmqSubscriber(SubscriberTransport):
         def run() -> None:
             if uri in self.endpoints:
                 self.endpoints.discard(uri)
-                try:
-                    self.sock.disconnect(uri)
-                except zmq.ZMQError:
-                    pass  # already gone: nothing to undo
+                self._reopen()
 
         self._command(run)
+
+    def _reopen(self) -> None:
+        """Replace the socket by a new one connected to the remaining endpoints.
+
+        Not ``zmq_disconnect``: libzmq 4.3 ends the endpoint's pipe at once, and when that lands
+        between the two frames of a message this socket is reading, it aborts the process
+        (``Assertion failed: !_more (src/fq.cpp:80)``; seen in half the runs of
+        tests/functional/test_curve.py on a slow machine). Messages in flight from the other
+        publishers are lost with the old socket; the sequence tracker sees the gap and resyncs.
+        """
+        self._poller.unregister(self.sock)
+        self.sock.close(0)
+        self.sock = self._socket()
+        self._poller.register(self.sock, zmq.POLLIN)
+        for tf in self._subscribed:
+            self.sock.setsockopt(zmq.SUBSCRIBE, tf)
+        for uri in list(self.endpoints):
+            try:
+                self._connect(uri)
+            except TransportError as exc:  # connected before, so hardly; counted, and the rest goes on
+                self.endpoints.discard(uri)
+                log.warning("zmq command failed", extra={"error": str(exc)})
+        self.stats.inc("reopens")
 
     def _run_commands(self) -> None:
         while self._commands:
