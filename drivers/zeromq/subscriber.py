@@ -134,11 +134,12 @@ class ZmqSubscriber(SubscriberTransport):
     def _reopen(self) -> None:
         """Replace the socket by a new one connected to the remaining endpoints.
 
-        Not ``zmq_disconnect``: libzmq 4.3 ends the endpoint's pipe at once, and when that lands
-        between the two frames of a message this socket is reading, it aborts the process
-        (``Assertion failed: !_more (src/fq.cpp:80)``; seen in half the runs of
-        tests/functional/test_curve.py on a slow machine). Messages in flight from the other
-        publishers are lost with the old socket; the sequence tracker sees the gap and resyncs.
+        Not ``zmq_disconnect``, which ends the endpoint's pipe at once: with libzmq 4.3.5 it
+        aborted the process (``Assertion failed: !_more (src/fq.cpp:80)``, libzmq's check that
+        the frames of a message come from one pipe) in half the runs of
+        tests/functional/test_curve.py on a slow machine, and never after this change. Messages
+        in flight from the other publishers are lost with the old socket; the sequence tracker
+        sees the gap and resyncs.
         """
         self._poller.unregister(self.sock)
         self.sock.close(0)
