@@ -412,9 +412,12 @@ def test_subscriber_follows_publishers_announced_at_run_time(opened):
     wait_for(lambda: [r.topics for r in connector.watcher.discovery.list()] == [["port"], ["port"]],
              what="the records to list the topic")
 
+    joins_b = pub_b.stats.get("subscribers_joined")
     ann_a.close()  # unregistered: the subscriber lets go of it, though it still runs
     wait_for(lambda: uri_a not in sub.transport.endpoints, what="the subscriber to disconnect")
     assert sub.transport.endpoints == {uri_b} and connector.connected == {uri_b}
+    # Dropping an endpoint gives the subscriber a new socket (docs/drivers.md): it joins pub_b again.
+    wait_for(lambda: pub_b.stats.get("subscribers_joined") > joins_b, what="the subscriber to join pub_b again")
     pub_a.publish("port", "port", "late-a", "create", 99)
     pub_b.publish("port", "port", "late-b", "create", 99)
     wait_for(lambda: "late-b" in keys(pub_b), what="the other publisher's event")
