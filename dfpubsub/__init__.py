@@ -6,10 +6,11 @@ otherwise resync the affected topics from the source of truth. Transports are
 pluggable drivers (``memory``, ``zmq``, ...) found through entry points.
 """
 
-from .api import Driver, PublisherTransport, SubscriberTransport
-from .cache import Change, VersionedCache
+from ._version import __version__ as __version__
 from .config import Settings, load_settings
-from .controller import Controller, ControllerOptions, FailedKey
+from .controller.cache import Change, VersionedCache
+from .controller.reconciler import DONE, REQUEUE, ObjectKey, Reconciler, Result, TableHandler
+from .controller.runtime import Controller, ControllerOptions, FailedKey
 from .errors import (
     AlreadyExists,
     ClosedError,
@@ -32,14 +33,12 @@ from .errors import (
 from .events import CONTROL_TOPIC, Action, Bye, Event, EventBatch, Hello, VersionedObject
 from .factory import create_driver, create_publisher, create_subscriber
 from .nbapi import AsyncNbApi, NbApi
+from .plugins import available_drivers, load_driver
 from .publisher import Publisher, PublisherOptions
-from .reconciler import DONE, REQUEUE, ObjectKey, Reconciler, Result, TableHandler
-from .registry import available_drivers, load_driver
 from .store import AsyncStore, Store, open_store
 from .subscriber import Subscriber, SubscriberOptions
 from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
-
-__version__ = "0.1.0"
+from .transport import Driver, PublisherTransport, SubscriberTransport
 
 __all__ = [
     "Action",

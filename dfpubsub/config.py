@@ -24,8 +24,9 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from .backend_access import EtcdAccess, RedisAccess
-from .backend_access import configure as configure_backends
+from ._version import __version__
+from .backends.access import EtcdAccess, RedisAccess
+from .backends.access import configure as configure_backends
 from .console import ArgumentParser
 from .errors import ConfigError
 
@@ -469,7 +470,6 @@ def add_config_arguments(parser: argparse.ArgumentParser, sections: Iterable[str
     named with an underscore takes its flags with a hyphen too
     (``--publisher-service.announce``), as every other word of a flag does.
     """
-    from . import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", metavar="FILE", help=f"TOML config file (default: ${CONFIG_ENV})")

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
+from ._version import __version__
 from .errors import ConfigError, DfPubSubError
 
 __all__ = ["console_main", "one_line", "ArgumentParser", "command_parser", "stop_on_signals", "close_all"]
@@ -38,7 +39,6 @@ class ArgumentParser(argparse.ArgumentParser):
 def command_parser(prog: str, doc: str) -> tuple[ArgumentParser, argparse._SubParsersAction]:
     """The parser of a tool made of subcommands: ``--version``, its description (the first line of
     ``doc``), and the subparsers, one of which is required."""
-    from . import __version__
 
     parser = ArgumentParser(prog=prog, description=doc.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

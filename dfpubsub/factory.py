@@ -6,15 +6,15 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 
-from .api import Driver
 from .config import PubSubSettings, Settings
 from .errors import ConfigError
 from .metrics import Stats
 from .multiproc import WorkerPublisher
+from .plugins import load_driver, parse_driver_url
 from .publisher import Publisher, PublisherOptions
-from .registry import load_driver, parse_driver_url
 from .subscriber import EventHandler, ResyncHandler, Subscriber, SubscriberOptions
 from .tracker import ResyncRequest, TrackerLimits
+from .transport import Driver
 
 __all__ = ["create_driver", "create_publisher", "create_subscriber", "publisher_options", "subscriber_options"]
 

@@ -174,7 +174,7 @@ class LabelledCounter:
     """One process-wide counter with its own labels (``dfpubsub_<name>_total{labels}``).
 
     For counts that belong to no single component, such as records skipped
-    by whichever listing read them (:mod:`dfpubsub.foreign`).
+    by whichever listing read them (:mod:`dfpubsub.backends.foreign`).
     """
 
     def __init__(self, name: str, help: str, labels: tuple[str, ...]):

@@ -31,23 +31,13 @@ from .config import Settings
 from .events import Action, VersionedObject
 from .factory import create_publisher
 from .publisher import Publisher
-from .store import FeedRetention, Store, open_store
+from .store import Store, open_store_from_settings
 
 if TYPE_CHECKING:
     from .multiproc import WorkerPublisher
     from .notify.producer import Notifier
 
-__all__ = ["NbApi", "AsyncNbApi", "open_store_from_settings"]
-
-
-def open_store_from_settings(settings: Settings) -> Store:
-    """Open the store that ``[store]`` describes."""
-    s = settings.store
-    options: dict[str, Any] = {"max_value_bytes": s.max_value_bytes,
-                               "feed_retention": FeedRetention(settings.feed.max_entries, settings.feed.max_age)}
-    if not s.url.startswith("sqlite"):
-        options["prefix"] = s.prefix
-    return open_store(s.url, s.tables, **options)
+__all__ = ["NbApi", "AsyncNbApi"]
 
 
 class NbApi:

@@ -28,12 +28,12 @@ from typing import Any
 
 import msgpack
 
-from .api import PublisherTransport
 from .codec import DEFAULT_MAX_MESSAGE_BYTES, BatchHeader, encode_batch, encode_bye, encode_hello, hello_parts
 from .errors import ClosedError, InvalidEvent, PayloadTooLarge, TransportError
 from .events import ACTIONS, CONTROL_TOPIC, Action, Bye, Event, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
+from .transport import PublisherTransport
 
 __all__ = ["Publisher", "PublisherOptions"]
 

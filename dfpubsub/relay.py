@@ -24,12 +24,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .api import IngressTransport, PublisherTransport
 from .codec import decode_header, encode_hello, hello_parts
 from .errors import DecodeError, TransportError
 from .events import CONTROL_TOPIC, Bye, EventBatch, Hello
 from .logs import RateLimitedLog
 from .metrics import Stats
+from .transport import IngressTransport, PublisherTransport
 
 __all__ = ["Relay", "RelayOptions"]
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
 
-from .api import SubscriberTransport
 from .codec import DEFAULT_MAX_MESSAGE_BYTES, decode_events, decode_header
 from .errors import ClosedError, DecodeError
 from .events import CONTROL_TOPIC, Bye, Event, EventBatch, Hello, validate_topic
@@ -30,6 +29,7 @@ from .logs import RateLimitedLog
 from .metrics import Stats
 from .resync import ResyncScheduler
 from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
+from .transport import SubscriberTransport
 
 __all__ = ["Subscriber", "SubscriberOptions", "EventHandler", "EventsHandler", "ResyncHandler"]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dfpubsub.api import Driver, PublisherTransport, SubscriberTransport
 from dfpubsub.errors import ClosedError, ConfigError
 from dfpubsub.events import CONTROL_TOPIC
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import Driver, PublisherTransport, SubscriberTransport
 
 __all__ = ["MemoryDriver", "MemoryBus"]
 

@@ -19,17 +19,15 @@ import sys
 
 from dfpubsub.config import parse_settings
 from dfpubsub.console import console_main
-from dfpubsub.controller import Controller, ControllerOptions
-from dfpubsub.controller_status import StatusWriter
+from dfpubsub.controller import Controller, ControllerOptions, ObjectKey, StatusWriter
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import VersionedObject
 from dfpubsub.factory import create_driver, subscriber_options
 from dfpubsub.logs import setup_logging
 from dfpubsub.metrics import Stats, start_metrics_server
-from dfpubsub.nbapi import open_store_from_settings
 from dfpubsub.pipeline.bootstrap import SnapshotBootstrap
-from dfpubsub.reconciler import ObjectKey
+from dfpubsub.store import open_store_from_settings
 
 log = logging.getLogger("df-controller")
 

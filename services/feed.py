@@ -26,8 +26,8 @@ from dfpubsub.factory import create_publisher
 from dfpubsub.feed_publisher import FeedPublisher, FileCursor
 from dfpubsub.logs import setup_logging
 from dfpubsub.metrics import start_metrics_server
-from dfpubsub.nbapi import open_store_from_settings
 from dfpubsub.publisher import Publisher
+from dfpubsub.store import open_store_from_settings
 
 log = logging.getLogger("df-feed")
 

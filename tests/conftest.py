@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from dfpubsub.tools.servers import EtcdServer, RedisServer, free_port
+
+from dfpubsub.testing.servers import EtcdServer, RedisServer, free_port
 
 __all__ = ["wait_for", "free_port", "undetected"]
 

@@ -34,17 +34,16 @@ from dfpubsub.tools.demo_feed import run_registration
 from dfpubsub.tools.demo_notify import run_notifications
 
 from dfpubsub import __version__
-from dfpubsub.cache import Change
 from dfpubsub.console import ArgumentParser, console_main
-from dfpubsub.controller import Controller
+from dfpubsub.controller import Change, Controller
 from dfpubsub.events import VersionedObject
-from dfpubsub.faults import LossyTransport, drop_nth
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
+from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher, PublisherOptions
-from dfpubsub.registry import load_driver
 from dfpubsub.store import Store, open_store
 from dfpubsub.subscriber import SubscriberOptions
+from dfpubsub.testing import LossyTransport, drop_nth
 from dfpubsub.tracker import ResyncRequest
 
 TABLES = ["port", "network", "portbinding", "chassis"]

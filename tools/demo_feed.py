@@ -17,8 +17,8 @@ from dfpubsub.controller import Controller
 from dfpubsub.events import VersionedObject
 from dfpubsub.feed_publisher import FeedPublisher
 from dfpubsub.metrics import Stats
+from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher, PublisherOptions
-from dfpubsub.registry import load_driver
 from dfpubsub.store import Store
 from dfpubsub.subscriber import SubscriberOptions
 

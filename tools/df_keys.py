@@ -14,9 +14,9 @@ import os
 import sys
 from pathlib import Path
 
+from dfpubsub.backends.extras import needs_extra
 from dfpubsub.console import command_parser, console_main
 from dfpubsub.errors import ConfigError
-from dfpubsub.extras import needs_extra
 
 __all__ = ["main"]
 

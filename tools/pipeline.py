@@ -104,8 +104,8 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _bootstrap(args: argparse.Namespace) -> dict[str, Any]:
-    from dfpubsub.nbapi import open_store_from_settings
     from dfpubsub.pipeline.bootstrap import catch_up, load_snapshot
+    from dfpubsub.store import open_store_from_settings
 
     settings = settings_from_args(args)
     out: dict[str, Any] = {"command": "bootstrap"}

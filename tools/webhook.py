@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from aiohttp import web
-from dfpubsub.tools.servers import free_port
+
+from dfpubsub.testing.servers import free_port
 
 __all__ = ["WebhookReceiver", "HungWebhook"]
 

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
+from ..backends.extras import needs_extra
 from ..errors import ConfigError, DfPubSubError
-from ..extras import needs_extra
 from ..store import sqlite_path
 from .api import Discovery, PollingWatcher, PublisherRecord, RecordCallback, Registration, Watcher, check_timing
 

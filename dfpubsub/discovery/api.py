@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from .. import foreign
+from ..backends import foreign
 from ..errors import ClosedError, ConfigError, StoreError
 from ..logs import RateLimitedLog
 
@@ -271,7 +271,7 @@ class Discovery(abc.ABC):
     _trouble = RateLimitedLog(log)
 
     def _parse_row(self, publisher_id: str, blob: bytes | str, lease_left: float | None) -> PublisherRecord | None:
-        """The record in a row keyed ``publisher_id``; None (skipped: dfpubsub.foreign) if it is not one."""
+        """The record in a row keyed ``publisher_id``; None (skipped: dfpubsub.backends.foreign) if it is not one."""
         try:
             record = PublisherRecord.from_json(blob, lease_left)
             if record.publisher_id != publisher_id:

@@ -41,9 +41,8 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from ..backends.etcd import CHANNEL_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints, status_code
 from ..errors import StoreError, StoreUnavailable
-from ..etcd_client import UNAVAILABLE, answers, open_channel, parse_endpoints, status_code
-from ..store.etcd import _CHANNEL_OPTIONS
 from .api import Discovery, PublisherRecord, RecordCallback, Watcher
 
 __all__ = ["EtcdDiscovery"]
@@ -88,7 +87,7 @@ class _Connection:
         first, n = self._endpoint, len(self._endpoints)
         for i in range(n):
             self._endpoint = (first + i) % n
-            channel = open_channel(self.where(), _CHANNEL_OPTIONS)
+            channel = open_channel(self.where(), CHANNEL_OPTIONS)
             if n == 1 or answers(channel, self.timeout / n):  # one: gRPC connects on the first call
                 return channel
             channel.close()

@@ -31,7 +31,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from ..redis_client import ProcessClient, open_client, redis_errors
+from ..backends.redis import ProcessClient, open_client, redis_errors
 from .api import Discovery, PublisherRecord
 
 __all__ = ["RedisDiscovery"]

@@ -19,8 +19,8 @@ import sqlite3
 import time
 from typing import Any
 
-from .. import foreign
-from ..sqlite_client import SqliteDb
+from ..backends import foreign
+from ..backends.sqlite import SqliteDb
 from .api import Discovery, PublisherRecord
 
 __all__ = ["SqliteDiscovery"]

@@ -17,8 +17,8 @@ from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ..backends.extras import needs_extra
 from ..errors import EndpointConfigError, MissingExtra
-from ..extras import needs_extra
 from ..notify.notification import Notification
 from ..notify.records import CE_JSON, JSON, cloudevent, s3_message, to_json
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
-from .. import foreign
+from ..backends import foreign
 from ..errors import AlreadyExists, InvalidValue, QueueNotFound, TopicNotFound
 from ..queues import QueueStats, QueueStore
 from ..queues.sharding import shard_names
@@ -106,7 +106,7 @@ class NotificationRegistry:
         return topic
 
     def list_topics(self) -> list[Topic]:
-        """Every topic, by name; a record that is not a topic is skipped (dfpubsub.foreign)."""
+        """Every topic, by name; a record that is not a topic is skipped (dfpubsub.backends.foreign)."""
         return self._records(_TOPIC, Topic.from_json)
 
     def set_topic(self, topic: Topic) -> Topic:

@@ -30,14 +30,25 @@ from typing import Any, TypeVar
 
 from ..endpoints import Endpoint
 from ..errors import EndpointError, EndpointRejected, NotificationDecodeError
-from ..faults import fault_point
 from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..queues import QueueEntry, QueueStore
 from .notification import Notification, decode
 from .topics import Topic
 
-__all__ = ["ShardRound", "Slots", "ATTEMPTS_KIND"]
+__all__ = ["ShardRound", "Slots", "ATTEMPTS_KIND", "STEP_HOOKS"]
+
+#: Actions run when a delivery round reaches a named step (``after_send``: an endpoint
+#: acknowledged a batch not yet removed; ``after_set_aside``: entries were dead-lettered and
+#: removed). Empty in production; chaos tests arm them through :mod:`dfpubsub.testing.crash`
+#: to kill the process at the worst moment, so the seam costs one dict lookup.
+STEP_HOOKS: dict[str, Callable[[], None]] = {}
+
+
+def _step(name: str) -> None:
+    action = STEP_HOOKS.get(name)
+    if action is not None:
+        action()
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +171,7 @@ class ShardRound:
         await self._remove(pending)
 
     async def _remove(self, delivered: Sequence[_Item]) -> None:
-        fault_point("notify.after_send")
+        _step("after_send")
         await self._queue(self.queues.remove_markers, [e.marker for e, _ in delivered])
         self.stats.inc("delivered", len(delivered))
 
@@ -181,7 +192,7 @@ class ShardRound:
         """Record ``entries`` as dead letters and remove them, in one atomic step."""
         for i in range(0, len(entries), self.queues.max_batch):
             await self._queue(self.queues.set_aside, entries[i:i + self.queues.max_batch], reason)
-        fault_point("notify.after_set_aside")
+        _step("after_set_aside")
         self.stats.inc("dead_letters", len(entries), reason=reason.split(" ", 1)[0].rstrip(":"))
         log.warning("dead-lettered notifications", extra={"shard": self.name, "count": len(entries),
                                                           "reason": reason})

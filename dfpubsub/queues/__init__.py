@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..backends.extras import needs_extra
 from ..errors import ConfigError
-from ..extras import needs_extra
 from ..store import sqlite_path
 from .api import (
     DEFAULT_MAX_BYTES,

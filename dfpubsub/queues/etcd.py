@@ -40,9 +40,10 @@ import msgpack
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from .. import foreign
+from ..backends import foreign
+from ..backends.etcd import txn
 from ..errors import QueueError, QueueFull, QueueNotFound, ReservationNotFound
-from ..store.etcd import EtcdStore, _txn
+from ..store.etcd import EtcdStore
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names
 
@@ -133,7 +134,7 @@ class EtcdQueues(QueueStore):
     # -- plumbing ------------------------------------------------------------------------------
 
     def _send(self, compare: list[rpc.Compare], success: list[Any], failure: list[Any] | None = None) -> Any:
-        return self._conn._commit(_txn(compare, success, failure))
+        return self._conn._commit(txn(compare, success, failure))
 
     def _state_key(self, name: str) -> bytes:
         return self._states + name.encode()

@@ -1,4 +1,4 @@
-"""Decoding what the queue backends read back, skipping foreign records (dfpubsub.foreign).
+"""Decoding what the queue backends read back, skipping foreign records (dfpubsub.backends.foreign).
 
 Queue names, record names and dead letters come back as bytes from etcd and
 Redis; another writer may have left anything there. These helpers decode the
@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import msgpack
 
-from .. import foreign
+from ..backends import foreign
 from ..errors import ForeignRecord
 from .api import DeadLetter, QueueEntry, check_name
 

@@ -32,9 +32,9 @@ import msgpack
 import redis
 from redis.commands.core import Script
 
-from .. import foreign
+from ..backends import foreign
+from ..backends.redis import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..errors import ConfigError, ForeignRecord, QueueFull, QueueNotFound, ReservationNotFound
-from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import foreign
+from ..backends import foreign
+from ..backends.sqlite import SqliteDb, file_location
 from ..errors import QueueFull, QueueNotFound, ReservationNotFound
-from ..sqlite_client import SqliteDb, file_location
 from ..store.outbox import Outbox, SqliteOutbox, versioned
 from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, check_name, marker
 from .readback import foreign_entry, queue_meta

@@ -16,15 +16,19 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ..backends.extras import needs_extra
 from ..errors import ConfigError, StoreUnavailable
-from ..extras import needs_extra
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 from .feed import FeedEntry, FeedReader, FeedRetention
 
-__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "require_sqlite_file", "sqlite_path",
+if TYPE_CHECKING:
+    from ..config import Settings
+
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "open_store_from_settings", "require_sqlite_file",
+           "sqlite_path",
            "DEFAULT_MAX_VALUE_BYTES", "FeedEntry", "FeedReader", "FeedRetention"]
 
 
@@ -85,3 +89,13 @@ def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
 
         return RedisStore(url, tables, **options)
     raise ConfigError(f"unknown store URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
+
+
+def open_store_from_settings(settings: Settings) -> Store:
+    """Open the store that ``[store]`` describes."""
+    s = settings.store
+    options: dict[str, Any] = {"max_value_bytes": s.max_value_bytes,
+                               "feed_retention": FeedRetention(settings.feed.max_entries, settings.feed.max_age)}
+    if not s.url.startswith("sqlite"):
+        options["prefix"] = s.prefix
+    return open_store(s.url, s.tables, **options)

@@ -46,9 +46,9 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from .. import foreign
+from ..backends import foreign
+from ..backends.etcd import CHANNEL_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints, status_code, txn
 from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
-from ..etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints, status_code
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .etcd_feed import EtcdFeedReader
@@ -58,15 +58,9 @@ from .outbox import Outbox
 __all__ = ["EtcdStore"]
 
 T = TypeVar("T")
-_MAX_MESSAGE_BYTES = 64 << 20  # gRPC's default of 4 MiB would cap a page of a listing
 _PAGE_KEYS = 5000
 #: Objects per Txn of get_many: two reads each, within etcd's default --max-txn-ops of 128.
 _TXN_OBJECTS = 64
-_CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-    *RECONNECT_OPTIONS,
-]
 
 
 # gRPC cannot fork while a thread is inside it (the child crashes or hangs), so every store of
@@ -90,19 +84,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
-
-
-def _kv_op(req: Any) -> rpc.RequestOp:
-    if isinstance(req, rpc.PutRequest):
-        return rpc.RequestOp(request_put=req)
-    if isinstance(req, rpc.DeleteRangeRequest):
-        return rpc.RequestOp(request_delete_range=req)
-    return rpc.RequestOp(request_range=req)
-
-
-def _txn(compare: list[rpc.Compare], success: list[Any], failure: list[Any] | None = None) -> rpc.TxnRequest:
-    return rpc.TxnRequest(compare=compare, success=[_kv_op(r) for r in success],
-                          failure=[_kv_op(r) for r in failure or ()])
 
 
 def _exists(key: bytes, expected: int | None = None) -> list[rpc.Compare]:
@@ -234,7 +215,7 @@ class EtcdStore(Store):
         first, n = self._endpoint, len(self._endpoints)
         for i in range(n):
             self._endpoint = (first + i) % n
-            channel = open_channel(self._where(), _CHANNEL_OPTIONS)
+            channel = open_channel(self._where(), CHANNEL_OPTIONS)
             if n == 1 or answers(channel, self.timeout / n):  # several: take the first that answers
                 return channel  # one: gRPC connects on the first call
             channel.close()
@@ -277,7 +258,7 @@ class EtcdStore(Store):
 
     def _get(self, table: str, key: str) -> VersionedObject | None:
         path, topic_path = self._paths(table, key)
-        response = self._commit(_txn([], [rpc.RangeRequest(key=path), rpc.RangeRequest(key=topic_path)]))
+        response = self._commit(txn([], [rpc.RangeRequest(key=path), rpc.RangeRequest(key=topic_path)]))
         kvs = response.responses[0].response_range.kvs
         if not kvs:
             return None
@@ -379,7 +360,7 @@ class EtcdStore(Store):
         for start in range(0, len(refs), _TXN_OBJECTS):
             chunk = refs[start:start + _TXN_OBJECTS]
             reads = [rpc.RangeRequest(key=path) for table, key in chunk for path in self._paths(table, key)]
-            responses = self._commit(_txn([], reads)).responses
+            responses = self._commit(txn([], reads)).responses
             for i, (table, key) in enumerate(chunk):
                 kvs = responses[2 * i].response_range.kvs
                 obj = _object(responses[2 * i + 1].response_range.kvs, table, key, kvs[0]) if kvs else None
@@ -392,7 +373,7 @@ class EtcdStore(Store):
                 outbox: Outbox | None) -> VersionedObject:
         path, topic_path = self._paths(table, key)
         absent = rpc.Compare(key=path, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
-        response = self._write(_txn([absent], [rpc.PutRequest(key=path, value=blob),
+        response = self._write(txn([absent], [rpc.PutRequest(key=path, value=blob),
                                                 _set_topic(table, topic_path, topic)]))
         if not response.succeeded:
             raise AlreadyExists(f"{table}/{key} already exists")
@@ -405,7 +386,7 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         # Without a new topic, the current one is read in the same transaction.
         topic_op = rpc.RangeRequest(key=topic_path) if topic is None else _set_topic(table, topic_path, topic)
-        response = self._write(_txn(_exists(path, expected), [rpc.PutRequest(key=path, value=blob), topic_op],
+        response = self._write(txn(_exists(path, expected), [rpc.PutRequest(key=path, value=blob), topic_op],
                                      [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
@@ -415,7 +396,7 @@ class EtcdStore(Store):
 
     def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
         path, topic_path = self._paths(table, key)
-        response = self._write(_txn(
+        response = self._write(txn(
             _exists(path, expected),
             [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True)],
             [rpc.RangeRequest(key=path, keys_only=True)]))
@@ -433,7 +414,7 @@ class EtcdStore(Store):
         raise VersionConflict(table, key, expected, kvs[0].mod_revision)
 
     def _drop_all(self) -> int:
-        response = self._commit(_txn([], [
+        response = self._commit(txn([], [
             rpc.DeleteRangeRequest(key=root, range_end=prefix_range_end(root))
             for root in (self._root, self._topic_root)]))
         return int(response.responses[0].response_delete_range.deleted)

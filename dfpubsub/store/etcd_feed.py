@@ -27,8 +27,8 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from ..backends.etcd import open_channel
 from ..errors import HistoryGone, StoreError, StoreUnavailable
-from ..etcd_client import open_channel
 from ..events import Action
 from .feed import DEFAULT_BATCH, FeedEntry, FeedReader
 

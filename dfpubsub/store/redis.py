@@ -40,7 +40,8 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from .. import foreign
+from ..backends import foreign
+from ..backends.redis import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..errors import (
     AlreadyExists,
     ConfigError,
@@ -53,7 +54,6 @@ from ..errors import (
     WriteOutcomeUnknown,
 )
 from ..events import VersionedObject
-from ..redis_client import ProcessClient, open_client, redacted, redis_errors, server_location
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .feed import FeedEntry, FeedRetention, parse_entry
 from .outbox import Outbox, RedisOutbox

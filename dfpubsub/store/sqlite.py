@@ -26,10 +26,10 @@ from typing import Any, TypeVar, cast
 
 import msgpack
 
-from .. import foreign
+from ..backends import foreign
+from ..backends.sqlite import SqliteDb, fetch_rows, file_location
 from ..errors import AlreadyExists, HistoryGone, NotFound, StoreUnavailable, VersionConflict
 from ..events import VersionedObject
-from ..sqlite_client import SqliteDb, fetch_rows, file_location
 from .api import DEFAULT_MAX_VALUE_BYTES, Store
 from .feed import FeedEntry, FeedRetention, parse_entry
 from .outbox import Outbox, SqliteOutbox

@@ -36,10 +36,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dfpubsub.api import Driver, PublisherTransport, SubscriberTransport
+from dfpubsub.backends.etcd import parse_endpoints
 from dfpubsub.errors import ConfigError
-from dfpubsub.etcd_client import parse_endpoints
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import Driver, PublisherTransport, SubscriberTransport
 
 from .publisher import EtcdPublisher
 from .subscriber import EtcdSubscriber

@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
+from dfpubsub.backends.etcd import RECONNECT_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints
 from dfpubsub.errors import ClosedError, TransportError
-from dfpubsub.etcd_client import RECONNECT_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints
 
 __all__ = ["LIVE", "Conn", "Stubs"]
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import grpc
 from aetcd import rpc
 
-from dfpubsub.api import PublisherTransport
 from dfpubsub.errors import ClosedError, TransportError
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import PublisherTransport
 
 from .connection import LIVE, Conn, Stubs
 

@@ -13,11 +13,11 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from dfpubsub.api import SubscriberTransport
 from dfpubsub.errors import ClosedError, TransportError
 from dfpubsub.events import CONTROL_TOPIC
 from dfpubsub.logs import RateLimitedLog
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import SubscriberTransport
 
 from .connection import LIVE, Conn, Stubs
 

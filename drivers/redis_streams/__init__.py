@@ -48,9 +48,9 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dfpubsub.api import Driver, PublisherTransport, SubscriberTransport
 from dfpubsub.errors import ConfigError
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import Driver, PublisherTransport, SubscriberTransport
 
 from .publisher import _RedisPublisher
 from .streams import _SCHEMES, _make_pool, _public_url

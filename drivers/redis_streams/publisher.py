@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import RedisError
 
-from dfpubsub import foreign
-from dfpubsub.api import PublisherTransport
+from dfpubsub.backends import foreign
 from dfpubsub.errors import ClosedError, TransportError
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import PublisherTransport
 
 from .streams import _DISCONNECTED, _Backoff, _public_url, _RateLimit
 

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from dfpubsub.backend_access import redis_access
+from dfpubsub.backends.access import redis_access
 from dfpubsub.errors import ConfigError
 
 log = logging.getLogger(__package__)  # one logger for the whole driver, as before the split

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import RedisError, ResponseError
 
-from dfpubsub.api import SubscriberTransport
 from dfpubsub.errors import ClosedError
 from dfpubsub.events import CONTROL_TOPIC
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import SubscriberTransport
 
 from .streams import _DISCONNECTED, _PROBE, _apply_probe, _Backoff, _Cursor, _RateLimit, log
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dfpubsub.api import Driver, IngressTransport, PublisherTransport, SubscriberTransport
 from dfpubsub.errors import ConfigError
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import Driver, IngressTransport, PublisherTransport, SubscriberTransport
 
 from .options import SCHEMES, ZmqOptions
 from .publisher import ZmqPublisher

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import zmq
 
-from dfpubsub.api import PublisherTransport
 from dfpubsub.codec import topic_frame
 from dfpubsub.errors import TransportError
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import PublisherTransport
 
 from .curve import AllowedKeys, load_secret_key, serve, unguard
 from .ipc import bind, unlink_ipc

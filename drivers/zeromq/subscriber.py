@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import zmq
 
-from dfpubsub.api import SubscriberTransport
 from dfpubsub.codec import topic_frame
 from dfpubsub.errors import ClosedError, ConfigError, TransportError
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import SubscriberTransport
 
 from .curve import load_secret_key
 from .options import SCHEMES, ZmqOptions, common_options, recv_messages

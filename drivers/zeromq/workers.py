@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import zmq
 
-from dfpubsub.api import IngressTransport, PublisherTransport
 from dfpubsub.codec import topic_frame
 from dfpubsub.errors import TransportError
 from dfpubsub.metrics import Stats
+from dfpubsub.transport import IngressTransport, PublisherTransport
 
 from .curve import AllowedKeys, load_secret_key, serve, unguard
 from .ipc import bind, unlink_ipc

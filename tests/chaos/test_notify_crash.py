@@ -1,8 +1,8 @@
 """df-notify killed with SIGKILL at every step of a batch: no committed notification is lost.
 
-The daemon kills itself at a fault point (``DFPUBSUB_CRASH_AT``, dfpubsub/faults.py): after an
-endpoint acknowledged a batch and before its removal, and right after an entry was set aside
-(dead-lettered and removed in one step); a second df-notify then takes the shard over.
+The daemon runs under ``python -m dfpubsub.testing.crash POINT@N -- df-notify ...``, which kills it at
+a crash point: after an endpoint acknowledged a batch and before its removal, and right after an
+entry was set aside (dead-lettered and removed in one step); a second df-notify then takes the shard over.
 """
 
 import os
@@ -14,7 +14,6 @@ import sys
 import pytest
 from dfpubsub.tools.webhook import WebhookReceiver
 
-from dfpubsub.faults import CRASH_ENV
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
 from tests.conftest import wait_for
@@ -47,14 +46,12 @@ def backend(request, tmp_path):
 
 
 def _df_notify(url, prefix, worker_id, crash_at, batch_size):
-    exe = shutil.which("df-notify", path=os.path.dirname(sys.executable))
-    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-    if crash_at:
-        env[CRASH_ENV] = crash_at
-    return subprocess.Popen([exe, "--notify.url", url, "--store.prefix", prefix, "--notify.worker-id", worker_id,
+    launcher = ([sys.executable, "-m", "dfpubsub.testing.crash", crash_at, "--", "df-notify"] if crash_at
+                else [shutil.which("df-notify", path=os.path.dirname(sys.executable))])
+    return subprocess.Popen([*launcher, "--notify.url", url, "--store.prefix", prefix, "--notify.worker-id", worker_id,
                              "--notify.renew-interval", "0.2", "--notify.lease", "1.0",
                              "--notify.poll-interval", "0.02", "--notify.batch-size", str(batch_size),
-                             "--log.level", "error"], env=env)
+                             "--log.level", "error"])
 
 
 def _fill(queues, url):

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from dfpubsub.tools.servers import EtcdServer, RedisServer, free_port
 
 from dfpubsub import Publisher, PublisherOptions, load_driver
 from dfpubsub.codec import decode, decode_events
@@ -24,6 +23,7 @@ from dfpubsub.errors import AlreadyExists, StoreUnavailable
 from dfpubsub.events import Action, EventBatch
 from dfpubsub.metrics import Stats
 from dfpubsub.store import open_store
+from dfpubsub.testing.servers import EtcdServer, RedisServer, free_port
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import Node
 from tests.functional.feed_helpers import FeedThread

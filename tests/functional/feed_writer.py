@@ -13,10 +13,10 @@ import sys
 
 from dfpubsub import Publisher, PublisherOptions, load_driver
 from dfpubsub.errors import AlreadyExists, VersionConflict
-from dfpubsub.faults import KillOnSend
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
+from dfpubsub.testing import KillOnSend
 
 
 def main() -> None:

@@ -12,16 +12,16 @@ import time
 import grpc
 import pytest
 from aetcd import rpc
-from dfpubsub.tools.servers import EtcdServer, RedisServer, TestCertificates, free_port
 
 from dfpubsub import Publisher, PublisherOptions, load_driver
-from dfpubsub.backend_access import EtcdAccess, RedisAccess, configure
+from dfpubsub.backends.access import EtcdAccess, RedisAccess, configure
 from dfpubsub.discovery import open_discovery
 from dfpubsub.discovery.api import PublisherRecord
 from dfpubsub.errors import AuthenticationError, DfPubSubError
 from dfpubsub.metrics import Stats
 from dfpubsub.queues import open_queues
 from dfpubsub.store import open_store
+from dfpubsub.testing.servers import EtcdServer, RedisServer, TestCertificates, free_port
 from tests.conftest import wait_for
 from tests.functional.df_db_helpers import base_env, df_db
 from tests.functional.sink_helpers import RecordingSink

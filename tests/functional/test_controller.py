@@ -9,10 +9,10 @@ from dfpubsub import Publisher, PublisherOptions, SubscriberOptions, load_driver
 from dfpubsub.controller import Controller
 from dfpubsub.errors import StoreUnavailable, TransportError
 from dfpubsub.events import VersionedObject
-from dfpubsub.faults import LossyTransport, drop_every
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
+from dfpubsub.testing import LossyTransport, drop_every
 from tests.conftest import wait_for
 from tests.functional.conftest import backend_store
 from tests.functional.controller_helpers import TABLES, Node

@@ -9,8 +9,7 @@ import time
 import pytest
 
 from dfpubsub import DONE, NbApi, Publisher, PublisherOptions, Result, SubscriberOptions, load_driver, open_store
-from dfpubsub.controller import Controller, ControllerOptions
-from dfpubsub.controller_status import StatusWriter
+from dfpubsub.controller import Controller, ControllerOptions, StatusWriter
 from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import TABLES, Mirror, Seen

@@ -13,8 +13,8 @@ import pytest
 
 from dfpubsub import Publisher, PublisherOptions, load_driver
 from dfpubsub.discovery import PublisherAnnouncer, open_discovery
-from dfpubsub.faults import LossyTransport, drop_nth
 from dfpubsub.metrics import Stats
+from dfpubsub.testing import LossyTransport, drop_nth
 from tests.conftest import free_port, wait_for
 from tests.functional.df_db_helpers import EXE, base_env, df_db, ok, refused
 

@@ -6,8 +6,8 @@ import json
 import os
 
 import pytest
-from dfpubsub.tools.servers import free_port
 
+from dfpubsub.testing.servers import free_port
 from tests.functional.df_db_helpers import base_env, df_db, ok, refused
 
 

@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from dfpubsub import Publisher, PublisherOptions, load_driver
-from dfpubsub.faults import LossyTransport, drop_nth
 from dfpubsub.metrics import Stats
+from dfpubsub.testing import LossyTransport, drop_nth
 from tests.conftest import undetected, wait_for
 from tests.functional.sink_helpers import RecordingSink
 

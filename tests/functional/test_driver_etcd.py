@@ -11,7 +11,6 @@ import msgpack
 import pytest
 from aetcd import rpc
 from dfpubsub.drivers.etcd_watch import EtcdWatchDriver
-from dfpubsub.tools.servers import free_port
 
 from dfpubsub import (
     ClosedError,
@@ -20,9 +19,10 @@ from dfpubsub import (
     PublisherOptions,
     TransportError,
 )
-from dfpubsub.api import SubscriberTransport
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event
 from dfpubsub.metrics import Stats
+from dfpubsub.testing.servers import free_port
+from dfpubsub.transport import SubscriberTransport
 from tests.conftest import wait_for
 from tests.functional.sink_helpers import RecordingSink
 

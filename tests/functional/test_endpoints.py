@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import unquote, unquote_plus
 
 import pytest
-from dfpubsub.tools.servers import free_port
 
 from dfpubsub.endpoints import open_endpoint
 from dfpubsub.errors import EndpointError, EndpointRejected
 from dfpubsub.notify.notification import Notification, make_notification
+from dfpubsub.testing.servers import free_port
 
 aiohttp = pytest.importorskip("aiohttp")
 aio_pika = pytest.importorskip("aio_pika")

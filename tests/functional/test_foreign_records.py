@@ -1,4 +1,4 @@
-"""Foreign records (dfpubsub/foreign.py): garbage another writer left beside valid records, written
+"""Foreign records (dfpubsub/backends/foreign.py): garbage another writer left beside valid records, written
 with raw clients, is skipped and counted by every reader, and never fails a listing, a daemon or
 a write; a write a foreign record would break is refused before it changes anything."""
 
@@ -15,8 +15,8 @@ from aetcd import rpc
 from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub import Controller, Publisher, PublisherOptions, SubscriberOptions, load_driver
+from dfpubsub.backends.foreign import SKIPPED
 from dfpubsub.errors import ForeignRecord
-from dfpubsub.foreign import SKIPPED
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic

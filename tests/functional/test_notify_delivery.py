@@ -6,11 +6,11 @@ import subprocess
 import sys
 from collections import defaultdict
 
-from dfpubsub.tools.servers import free_port
 from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
+from dfpubsub.testing.servers import free_port
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import (
     delivered_keys,

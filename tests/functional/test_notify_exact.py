@@ -4,10 +4,10 @@ and its retry counts survive a takeover (SQLite, Redis, etcd)."""
 import time
 
 import pytest
-from dfpubsub.tools.servers import free_port
 from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub.notify import NotificationRegistry
+from dfpubsub.testing.servers import free_port
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import (
     delivered_keys,

@@ -22,9 +22,9 @@ from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
 from dfpubsub.notify.bridge import NotificationBridge
 from dfpubsub.notify.notification import decode
 from dfpubsub.notify.producer import Notifier
+from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher, PublisherOptions
 from dfpubsub.queues import open_queues, shard_for
-from dfpubsub.registry import load_driver
 from dfpubsub.store import open_store
 from dfpubsub.subscriber import Subscriber, SubscriberOptions
 from tests.conftest import wait_for

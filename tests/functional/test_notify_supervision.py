@@ -4,9 +4,9 @@ in the middle of a batch, stalls no shard; every committed notification is deliv
 import pytest
 from dfpubsub.tools.webhook import WebhookReceiver
 
-from dfpubsub import faults
 from dfpubsub.notify import NotificationRegistry
 from dfpubsub.queues import open_queues
+from dfpubsub.testing import crash
 from tests.conftest import wait_for
 from tests.functional.notify_helpers import delivered_keys, delivery, enqueue, make_topic, wait_drained
 
@@ -35,7 +35,7 @@ def _fill(url, hook, shards, count):
 def test_the_backend_failing_after_a_send_stalls_no_shard(backend, webhook):
     queues, registry = _fill(backend.url, webhook, 1, 30)
     # The endpoint acknowledged the first batch; the queue backend dies before its removal.
-    faults.arm("notify.after_send", backend.kill)
+    crash.arm("notify.after_send", backend.kill)
     worker = delivery(queues, batch_size=10)
     try:
         wait_for(lambda: worker.worker.topic_stats("sup").get("shard_failures") >= 1, timeout=20,
@@ -44,7 +44,7 @@ def test_the_backend_failing_after_a_send_stalls_no_shard(backend, webhook):
         wait_drained(registry, "sup", timeout=30)
         assert set(delivered_keys(webhook)) == {(f"p{i}", i + 1) for i in range(30)}
     finally:
-        faults.disarm("notify.after_send")
+        crash.disarm("notify.after_send")
         worker.stop()
         queues.close()
 
@@ -79,18 +79,18 @@ def test_a_shard_that_keeps_failing_is_released_for_another_worker(tmp_path, web
         def bug():
             raise RuntimeError("a bug after every send")
 
-        faults.arm("notify.after_send", bug, times=10_000)
+        crash.arm("notify.after_send", bug, times=10_000)
         for i in range(20):
             enqueue(queues, topic, "port", f"p{i}", "create", i + 1)
         # w1 fails round after round for longer than a lease (1 s), then lets the shard go.
         wait_for(lambda: (queues.owner("stuck") or ("",))[0] == "w2", timeout=20, what="w2 to take the shard over")
         assert first.worker.topic_stats("stuck").get("shard_failures") >= 2
         assert "stuck" not in first.worker.owned()
-        faults.disarm("notify.after_send")
+        crash.disarm("notify.after_send")
         wait_drained(registry, "stuck")
         assert set(delivered_keys(webhook)) == {(f"p{i}", i + 1) for i in range(20)}
     finally:
-        faults.disarm("notify.after_send")
+        crash.disarm("notify.after_send")
         first.stop()
         if second is not None:
             second.stop()

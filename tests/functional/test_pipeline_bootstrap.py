@@ -15,7 +15,7 @@ pytest.importorskip("pyarrow")
 
 from dfpubsub import Publisher, PublisherOptions, Subscriber, load_driver  # noqa: E402
 from dfpubsub.archive import SegmentWriter  # noqa: E402
-from dfpubsub.controller import Controller  # noqa: E402
+from dfpubsub.controller import Controller
 from dfpubsub.events import VersionedObject  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
 from dfpubsub.nbapi import NbApi  # noqa: E402

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dfpubsub.cache import VersionedCache
+from dfpubsub.controller import VersionedCache
+from dfpubsub.controller.relist import relist
 from dfpubsub.events import Action, Event
-from dfpubsub.relist import relist
 from dfpubsub.store import open_store
 
 TABLES = ["port", "network"]
@@ -146,7 +146,7 @@ def test_a_controller_resync_replaces_a_forged_event(tmp_path):
     """End to end: a forged event with the highest version reaches a controller over a real
     transport; the next resync puts the store's object back, and later genuine writes apply."""
     from dfpubsub import Publisher, PublisherOptions, load_driver
-    from dfpubsub.controller import Controller
+    from dfpubsub.controller.runtime import Controller
     from dfpubsub.metrics import Stats
     from tests.conftest import wait_for
 

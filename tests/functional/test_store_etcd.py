@@ -6,11 +6,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from dfpubsub.tools.servers import free_port
 
 from dfpubsub.errors import ConfigError, NotFound, StoreUnavailable, VersionConflict
 from dfpubsub.store import open_store
 from dfpubsub.store.etcd import EtcdStore
+from dfpubsub.testing.servers import free_port
 
 TABLES = ["port", "network"]
 

@@ -1,4 +1,4 @@
-from dfpubsub.cache import VersionedCache
+from dfpubsub.controller import VersionedCache
 from dfpubsub.events import Action, Event, VersionedObject
 
 

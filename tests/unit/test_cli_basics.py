@@ -11,9 +11,9 @@ from dfpubsub.services import archiver, controller, feed, notify, publisher_serv
 from dfpubsub.tools import demo, df_config, df_db, df_keys, pipeline
 
 from dfpubsub import __version__
+from dfpubsub.backends.extras import needs_extra
 from dfpubsub.config import Settings, load_settings
 from dfpubsub.errors import ConfigError, MissingExtra
-from dfpubsub.extras import needs_extra
 from dfpubsub.sample_config import render_sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_without_pyzmq_the_driver_and_df_db_without_typer_say_which_extra():
     # A fresh interpreter in which the library cannot be imported, as on an install without the extra.
     code = (
         "import sys; sys.modules['zmq'] = None; sys.modules['typer'] = None\n"
-        "from dfpubsub.registry import driver_status, load_driver\n"
+        "from dfpubsub.plugins import driver_status, load_driver\n"
         "from dfpubsub.errors import MissingExtra\n"
         "print(driver_status()['zmq']); print(driver_status()['memory'] == '')\n"
         "try:\n    load_driver('zmq')\nexcept MissingExtra as e:\n    print(e)\n"

@@ -18,8 +18,8 @@ from dfpubsub import (
     VersionedObject,
     load_driver,
 )
-from dfpubsub.faults import LossyTransport, drop_nth
 from dfpubsub.metrics import Stats
+from dfpubsub.testing import LossyTransport, drop_nth
 from tests.conftest import wait_for
 
 _bus = itertools.count()

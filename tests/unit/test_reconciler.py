@@ -2,8 +2,8 @@
 
 import pytest
 
+from dfpubsub.controller import HandlerReconciler, ObjectKey
 from dfpubsub.events import VersionedObject
-from dfpubsub.reconciler import HandlerReconciler, ObjectKey
 
 KEY = ObjectKey("port", "p1")
 

@@ -2,7 +2,7 @@ import pytest
 
 from dfpubsub import DriverNotFound, available_drivers, load_driver
 from dfpubsub.errors import ConfigError
-from dfpubsub.registry import parse_driver_url
+from dfpubsub.plugins import parse_driver_url
 
 
 def test_builtin_drivers_are_registered_as_entry_points():

@@ -5,9 +5,8 @@ import time
 
 import pytest
 
+from dfpubsub.controller import ExponentialBackoff, RateLimiter, TokenBucket, WorkQueue
 from dfpubsub.metrics import Stats
-from dfpubsub.ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
-from dfpubsub.workqueue import WorkQueue
 from tests.conftest import wait_for
 
 
@@ -258,7 +257,7 @@ def test_an_idle_worker_takes_the_untouched_tail_of_a_busy_workers_batch():
 
 
 def test_the_queue_lock_excludes_and_a_waiter_gets_it_once_the_holder_lets_go():
-    from dfpubsub.workqueue import _YieldingLock
+    from dfpubsub.controller.workqueue import _YieldingLock
 
     lock = _YieldingLock()
     assert lock.acquire(False) and not lock.acquire(False) and lock.locked()

@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dfpubsub.tools.servers import EtcdServer, RedisServer
-
 from dfpubsub.store import Store, open_store
+from dfpubsub.testing.servers import EtcdServer, RedisServer
 
 __all__ = ["bench_store"]
 

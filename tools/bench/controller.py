@@ -55,13 +55,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dfpubsub.cache import VersionedCache
-from dfpubsub.controller import Controller, ControllerOptions
+from dfpubsub.controller import Controller, ControllerOptions, ObjectKey, VersionedCache
 from dfpubsub.events import Action, VersionedObject
 from dfpubsub.metrics import Stats
+from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher, PublisherOptions
-from dfpubsub.reconciler import ObjectKey
-from dfpubsub.registry import load_driver
 from dfpubsub.store import open_store
 from dfpubsub.subscriber import Subscriber, SubscriberOptions
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from dfpubsub.tools.servers import EtcdServer, RedisServer
 from e2e import KEYS, TABLE, TOPICS, VALUE, DriverSpec, run_phase
+
+from dfpubsub.testing.servers import EtcdServer, RedisServer
 
 
 def _events(n: int) -> list[bytes]:

@@ -23,8 +23,8 @@ from typing import Any
 from dfpubsub.codec import pack_event
 from dfpubsub.events import Event
 from dfpubsub.metrics import Stats
+from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher, PublisherOptions
-from dfpubsub.registry import load_driver
 from dfpubsub.subscriber import Subscriber, SubscriberOptions
 from dfpubsub.tracker import ResyncRequest
 

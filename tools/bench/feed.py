@@ -35,8 +35,8 @@ from backends import bench_store
 
 from dfpubsub.feed_publisher import FeedPublisher
 from dfpubsub.metrics import Stats
+from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher, PublisherOptions
-from dfpubsub.registry import load_driver
 from dfpubsub.store import Store, open_store, sqlite_path
 from dfpubsub.subscriber import Subscriber
 

@@ -31,8 +31,8 @@ from backends import bench_store
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.notify.producer import Notifier
+from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher
-from dfpubsub.registry import load_driver
 from dfpubsub.store import Store, sqlite_path
 
 TABLES = ["port"]

@@ -15,12 +15,11 @@ import sys
 import tempfile
 import time
 
-from dfpubsub.tools.servers import free_port
-
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
 from dfpubsub.notify.notification import encode, make_notification
 from dfpubsub.queues import open_queues, shard_for
+from dfpubsub.testing.servers import free_port
 
 __all__ = ["delivery_rate"]
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from dfpubsub.tools.servers import RedisServer
 from nb_write import VALUE
 
 from dfpubsub.queues.sqlite import _APPEND as APPEND
@@ -42,6 +41,7 @@ from dfpubsub.queues.sqlite import _SCHEMA as QUEUE_SCHEMA
 from dfpubsub.store.redis import _UPDATE as REDIS_UPDATE
 from dfpubsub.store.sqlite import _SCHEMA as STORE_SCHEMA
 from dfpubsub.store.sqlite import _UPDATE as STORE_UPDATE
+from dfpubsub.testing.servers import RedisServer
 
 __all__ = ["main"]
 

@@ -34,7 +34,6 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
-from dfpubsub.tools.servers import free_port
 from e2e import (
     CONNECT_TIMEOUT,
     EVENT_BYTES,
@@ -53,8 +52,9 @@ from e2e import (
 from dfpubsub.config import load_settings
 from dfpubsub.factory import create_publisher
 from dfpubsub.metrics import Stats
-from dfpubsub.registry import load_driver
+from dfpubsub.plugins import load_driver
 from dfpubsub.subscriber import Subscriber, SubscriberOptions
+from dfpubsub.testing.servers import free_port
 
 DIRECT = DriverSpec("zmq+tcp://127.0.0.1:*", "zmq", {"sndhwm": HWM, "rcvhwm": HWM}, connect=True)
 

@@ -32,9 +32,9 @@ from typing import Any
 from backends import bench_store
 
 from dfpubsub.controller import Controller
+from dfpubsub.controller.relist import relist
 from dfpubsub.metrics import Stats
-from dfpubsub.registry import load_driver
-from dfpubsub.relist import relist
+from dfpubsub.plugins import load_driver
 from dfpubsub.store import Store
 
 TABLES = ["port", "network"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from dfpubsub.backends.extras import needs_extra
 from dfpubsub.errors import MissingExtra
-from dfpubsub.extras import needs_extra
 
 __all__ = ["app", "main"]
 

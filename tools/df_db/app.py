@@ -19,7 +19,8 @@ try:  # typer 0.2x vendors click
 except ImportError:  # pragma: no cover - typer on the click package
     from click import exceptions as click  # type: ignore[no-redef]
 
-from dfpubsub import __version__, foreign
+from dfpubsub import __version__
+from dfpubsub.backends import foreign
 from dfpubsub.console import console_main, one_line
 
 from . import admin_cmds, controller_cmds, doctor_cmds, notify_cmds, pubsub_cmds, queue_cmds, store_cmds, watch

@@ -15,11 +15,11 @@ from dfpubsub.config import Settings, load_settings
 from dfpubsub.discovery import Discovery, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.factory import create_publisher
-from dfpubsub.nbapi import NbApi, open_store_from_settings
+from dfpubsub.nbapi import NbApi
 from dfpubsub.notify.wiring import queues_from_settings
 from dfpubsub.publisher import Publisher
 from dfpubsub.queues import QueueStore
-from dfpubsub.store import Store, require_sqlite_file
+from dfpubsub.store import Store, open_store_from_settings, require_sqlite_file
 
 from .output import Output, fail
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dfpubsub.controller_status import read_status
+from dfpubsub.controller.status import read_status
 
 from .context import state
 from .output import Column, fail, when

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from dfpubsub.foreign import SkippedRecord
+from dfpubsub.backends.foreign import SkippedRecord
 
 __all__ = ["Column", "Output", "fail", "to_json", "compact", "duration", "clock", "when"]
 
@@ -110,7 +110,7 @@ class Output:
 
     def __init__(self, json_mode: bool):
         self.json = json_mode
-        #: The foreign records the command's reads skipped (dfpubsub.foreign), shown with the result.
+        #: The foreign records the command's reads skipped (dfpubsub.backends.foreign), shown with the result.
         self.skipped: list[SkippedRecord] = []
         # Piped, a table keeps each row on one line (for grep) instead of wrapping at 80 columns.
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 1000)

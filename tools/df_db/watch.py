@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from dfpubsub.api import SubscriberTransport
 from dfpubsub.codec import decode_header
 from dfpubsub.discovery import DiscoveryConnector
 from dfpubsub.errors import DecodeError
@@ -22,6 +21,7 @@ from dfpubsub.factory import create_driver, subscriber_options
 from dfpubsub.metrics import Stats
 from dfpubsub.subscriber import Subscriber
 from dfpubsub.tracker import ResyncRequest
+from dfpubsub.transport import SubscriberTransport
 
 from .context import CliState, state
 from .output import clock, fail

@@ -1,13 +1,7 @@
-"""Fault injection: transports that lose frames on purpose, and crash points, for chaos tests.
+"""Publisher transports that lose frames or kill their process on purpose, for tests and the demo.
 
 A lossy network is the failure dfpubsub exists to survive; these wrappers make
 one happen on demand, on any driver, without touching the code under test.
-
-A **fault point** is a named step of a daemon (``notify.after_send``: an
-endpoint acknowledged a batch that is not removed yet). Nothing happens there
-unless a test armed it: in its own process with :func:`arm`, or in a daemon
-it starts with ``DFPUBSUB_CRASH_AT=<point>[@<n>]``, which kills the daemon
-with SIGKILL the ``n``-th time (default the first) it reaches the point.
 """
 
 from __future__ import annotations
@@ -17,57 +11,10 @@ import signal
 import threading
 from collections.abc import Callable
 
-from .api import PublisherTransport
-from .events import CONTROL_TOPIC
+from ..events import CONTROL_TOPIC
+from ..transport import PublisherTransport
 
-__all__ = ["CRASH_ENV", "KillOnSend", "LossyTransport", "arm", "disarm", "drop_every", "drop_nth", "fault_point"]
-
-#: The environment variable naming the fault point where a daemon kills itself.
-CRASH_ENV = "DFPUBSUB_CRASH_AT"
-
-_armed: dict[str, Callable[[], None]] = {}
-
-
-def fault_point(name: str) -> None:
-    """Run what is armed at ``name``; nothing if it is not armed (the normal case)."""
-    action = _armed.get(name)
-    if action is not None:
-        action()
-
-
-def arm(name: str, action: Callable[[], None], times: int = 1) -> None:
-    """Run ``action`` the next ``times`` times ``name`` is reached, in this process."""
-    left = [times]
-
-    def once() -> None:
-        left[0] -= 1
-        if left[0] <= 0:
-            _armed.pop(name, None)
-        action()
-
-    _armed[name] = once
-
-
-def disarm(name: str) -> None:
-    """Forget what is armed at ``name``."""
-    _armed.pop(name, None)
-
-
-def _crash_from_env() -> None:
-    point, _, nth = os.environ.get(CRASH_ENV, "").partition("@")
-    if not point:
-        return
-    countdown = [int(nth) if nth.isdigit() and int(nth) > 0 else 1]
-
-    def crash() -> None:
-        countdown[0] -= 1
-        if countdown[0] == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    _armed[point] = crash
-
-
-_crash_from_env()
+__all__ = ["DropRule", "KillOnSend", "LossyTransport", "drop_every", "drop_nth"]
 
 DropRule = Callable[[str, int], bool]
 

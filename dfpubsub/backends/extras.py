@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import MissingExtra
+from ..errors import MissingExtra
 
 __all__ = ["EXTRA_OF", "needs_extra"]
 

@@ -2,7 +2,7 @@
 
 Tests kill and restart them to inject faults; they only ever touch the
 processes they started themselves (never the machine's own servers).
-Installed as ``dfpubsub.tools.servers``.
+Installed as ``dfpubsub.testing.servers``.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ resyncs (gaps, a dead publisher, an overflow, the periodic store reconcile)
 list the store for the affected topics and reconcile the cache. That is the
 *dispatch* thread, and all it does per change is apply it to the cache (and
 its indexes) and note the key, queued with the others of its envelope (or
-resync) on a :class:`~dfpubsub.workqueue.WorkQueue` in one step.
+resync) on a :class:`~dfpubsub.controller.workqueue.WorkQueue` in one step.
 ``workers`` threads take keys from the queue and call the table's
-:class:`~dfpubsub.reconciler.Reconciler` with the cache's current state; a key
+:class:`~dfpubsub.controller.reconciler.Reconciler` with the cache's current state; a key
 is never with two workers at once, changes arriving meanwhile collapse into
 one more reconcile, and a failure is retried with per-key exponential backoff
 under an overall token bucket. After ``max_retries`` failures a key moves to
@@ -26,19 +26,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .api import SubscriberTransport
+from ..config import ControllerSettings
+from ..events import Action, Event, VersionedObject
+from ..logs import RateLimitedLog
+from ..metrics import Stats
+from ..store import Store
+from ..subscriber import Subscriber, SubscriberOptions
+from ..tracker import ResyncRequest
+from ..transport import SubscriberTransport
 from .cache import Change, VersionedCache
-from .config import ControllerSettings
-from .events import Action, Event, VersionedObject
 from .indexer import Indexer, IndexFunc, Lister
-from .logs import RateLimitedLog
-from .metrics import Stats
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
 from .relist import relist
-from .store import Store
-from .subscriber import Subscriber, SubscriberOptions
-from .tracker import ResyncRequest
 from .workqueue import WorkQueue
 
 __all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap"]
@@ -91,9 +91,9 @@ class FailedKey(NamedTuple):
 class Controller:
     """A cache of ``topics`` kept equal to ``store``, reconciled per table by workers.
 
-    ``reconcilers`` maps a table to its :class:`~dfpubsub.reconciler.Reconciler`;
+    ``reconcilers`` maps a table to its :class:`~dfpubsub.controller.reconciler.Reconciler`;
     ``handlers`` maps a table to an edge-triggered ``TableHandler``, run through
-    :class:`~dfpubsub.reconciler.HandlerReconciler`. ``indexers`` declares
+    :class:`~dfpubsub.controller.reconciler.HandlerReconciler`. ``indexers`` declares
     secondary indexes per table (``{"port": {"by_network": fn}}``), read
     through :meth:`lister`. ``runtime`` sizes the work queue, the workers and
     the retries. ``synced`` is set once the first full sync is in the cache
@@ -266,7 +266,7 @@ class Controller:
         if self.bootstrap is not None and topics - self._listed:
             truth = self._list(topics)
             changes, listed = self.cache.reconcile(topics, truth), len(truth)
-        else:  # versions first, truth wins (dfpubsub.relist)
+        else:  # versions first, truth wins (dfpubsub.controller.relist)
             changes, listed = relist(self.store, self.cache, topics)
             self._listed |= topics
         reconcilers, indexers = self.reconcilers, self.indexers

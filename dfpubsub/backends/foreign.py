@@ -25,15 +25,15 @@ from typing import NamedTuple, TypeVar
 
 import msgpack
 
-from .logs import RateLimitedLog
-from .metrics import LabelledCounter
+from ..logs import RateLimitedLog
+from ..metrics import LabelledCounter
 
 __all__ = ["SkippedRecord", "skip", "skip_error", "decode", "collect", "reason_of", "key_text", "SKIPPED",
            "DECODE_ERRORS"]
 
 T = TypeVar("T")
 
-log = logging.getLogger("dfpubsub.foreign")
+log = logging.getLogger("dfpubsub.backends.foreign")
 _warn = RateLimitedLog(log, interval=10.0)
 
 #: The counter every skip adds to, by record kind and reason.

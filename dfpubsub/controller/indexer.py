@@ -14,9 +14,9 @@ import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
+from ..events import VersionedObject
+from ..logs import RateLimitedLog
 from .cache import VersionedCache
-from .events import VersionedObject
-from .logs import RateLimitedLog
 
 __all__ = ["IndexFunc", "Indexer", "Lister"]
 

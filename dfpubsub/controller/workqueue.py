@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar, cast
 
-from .metrics import Stats
+from ..metrics import Stats
 from .ratelimit import RateLimiter
 
 __all__ = ["WorkQueue"]

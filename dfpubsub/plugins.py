@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from .api import Driver
+from .backends.extras import needs_extra
 from .errors import DriverNotFound, MissingExtra
-from .extras import needs_extra
+from .transport import Driver
 
 __all__ = ["ENTRY_POINT_GROUP", "available_drivers", "driver_status", "parse_driver_url", "load_driver"]
 

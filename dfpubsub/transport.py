@@ -3,7 +3,7 @@
 A driver moves opaque frames on topics; it knows nothing of sequences, hellos
 or resyncs, which the core (:mod:`dfpubsub.publisher`, :mod:`dfpubsub.subscriber`)
 adds on top of any driver. Drivers register a :class:`Driver` subclass under
-the entry-point group ``dfpubsub.drivers`` (see :mod:`dfpubsub.registry`).
+the entry-point group ``dfpubsub.drivers`` (see :mod:`dfpubsub.plugins`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import StoreUnavailable
+from ..errors import StoreUnavailable
 
 __all__ = ["SqliteDb", "connect_sqlite", "fetch_rows", "file_location"]
 
@@ -51,7 +51,7 @@ def _text(raw: bytes) -> str | bytes:
 
 def fetch_rows(conn: sqlite3.Connection, sql: str, args: tuple) -> list[tuple]:
     """The rows of ``sql``; text another writer stored that is not UTF-8 comes as bytes, for the
-    caller to skip (foreign records, dfpubsub/foreign.py), instead of failing the whole read."""
+    caller to skip (foreign records, dfpubsub/backends/foreign.py), instead of failing the whole read."""
     try:
         return conn.execute(sql, args).fetchall()
     except sqlite3.OperationalError as exc:

@@ -15,16 +15,24 @@ from typing import Any, NamedTuple
 import grpc
 from aetcd import rpc
 
-from .backend_access import EtcdAccess, etcd_access
-from .errors import AuthenticationError, ConfigError
+from ..errors import AuthenticationError, ConfigError
+from .access import EtcdAccess, etcd_access
 
-__all__ = ["RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers", "open_channel"]
+__all__ = ["CHANNEL_OPTIONS", "RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers",
+           "open_channel", "txn"]
 
 #: Retry a lost server quickly rather than with gRPC's backoff of up to two minutes.
 RECONNECT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_MAX_MESSAGE_BYTES = 64 << 20  # gRPC's default of 4 MiB would cap a page of a listing
+#: A request/response channel's options: the store, the queues and discovery share them.
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    *RECONNECT_OPTIONS,
 ]
 #: The server is gone or slow: drop the channel, the next call connects again.
 UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
@@ -148,3 +156,17 @@ def _token_refused(exc: BaseException) -> bool:
     if not isinstance(exc, grpc.Call):
         return False
     return exc.code() == grpc.StatusCode.UNAUTHENTICATED or "invalid auth token" in (exc.details() or "")
+
+
+def _kv_op(req: Any) -> rpc.RequestOp:
+    if isinstance(req, rpc.PutRequest):
+        return rpc.RequestOp(request_put=req)
+    if isinstance(req, rpc.DeleteRangeRequest):
+        return rpc.RequestOp(request_delete_range=req)
+    return rpc.RequestOp(request_range=req)
+
+
+def txn(compare: list[rpc.Compare], success: list[Any], failure: list[Any] | None = None) -> rpc.TxnRequest:
+    """A transaction of ``compare`` guards with ``success`` and ``failure`` put, delete and range requests."""
+    return rpc.TxnRequest(compare=compare, success=[_kv_op(r) for r in success],
+                          failure=[_kv_op(r) for r in failure or ()])

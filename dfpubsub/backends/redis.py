@@ -20,8 +20,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from .backend_access import redis_access
-from .errors import AuthenticationError, ConfigError, StoreError, StoreUnavailable
+from ..errors import AuthenticationError, ConfigError, StoreError, StoreUnavailable
+from .access import redis_access
 
 __all__ = ["ProcessClient", "open_client", "redis_errors", "redacted", "server_location"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["EtcdAccess", "RedisAccess", "configure", "etcd_access", "redis_access"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from .events import VersionedObject
+from ..events import VersionedObject
 
 __all__ = ["ObjectKey", "Result", "DONE", "REQUEUE", "Reconciler", "TableHandler", "HandlerReconciler"]
 

@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from .controller import Controller
-from .logs import RateLimitedLog
+from ..logs import RateLimitedLog
+from .runtime import Controller
 
 __all__ = ["MAX_FAILED", "status_of", "write_status", "read_status", "StatusWriter"]
 

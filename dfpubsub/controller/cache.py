@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
-from .events import Action, Event, VersionedObject
+from ..events import Action, Event, VersionedObject
 
 __all__ = ["VersionedCache", "Change"]
 

@@ -24,8 +24,8 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..store import Store
 from .cache import Change, VersionedCache
-from .store import Store
 
 __all__ = ["relist"]
 
