@@ -10,6 +10,7 @@ for anything that is not a well-formed envelope.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -39,7 +40,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 #: 64-bit integer holds every sequence in every language.
 MAX_SEQ = (1 << 63) - 1
 
-_packb = msgpack.packb
+_packb: Callable[[Any], bytes] = msgpack.packb
 _DELETE = Action.DELETE
 _EVENTS_KEY = _packb("events")
 
@@ -151,15 +152,15 @@ def _malformed(detail: str) -> DecodeError:
     return DecodeError("malformed", detail)
 
 
-def _field(obj: dict, name: str, types: tuple[type, ...]) -> Any:
+def _field(obj: dict[Any, Any], name: str, types: tuple[type, ...]) -> Any:
     value = obj.get(name)
     if type(value) not in types:
         raise _malformed(f"field {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
     return value
 
 
-def _seqs(obj: dict) -> dict[str, int]:
-    seqs = _field(obj, "seqs", (dict,))
+def _seqs(obj: dict[Any, Any]) -> dict[str, int]:
+    seqs: dict[str, int] = _field(obj, "seqs", (dict,))
     for topic, seq in seqs.items():
         if type(topic) is not str or not topic or type(seq) is not int or not 0 <= seq <= MAX_SEQ:
             raise _malformed(f"bad sequence {seq!r} for topic {topic!r}")
@@ -368,7 +369,7 @@ def decode_events(batch: EventBatch, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     return events[skip:skip + batch.count] if skip else events
 
 
-def _envelope(obj: dict, data: bytes | memoryview) -> Envelope:
+def _envelope(obj: dict[Any, Any], data: bytes | memoryview) -> Envelope:
     """Validate the fields every kind shares and build the envelope (events left to the caller)."""
     version = obj.get("v")
     if type(version) is not int:
@@ -400,7 +401,7 @@ def _envelope(obj: dict, data: bytes | memoryview) -> Envelope:
     raise _malformed(f"unknown envelope kind {kind!r}")
 
 
-def _events(raw: list, topic: str, seq: int, pid: str, sent_at: float) -> list[Event]:
+def _events(raw: list[Any], topic: str, seq: int, pid: str, sent_at: float) -> list[Event]:
     _check_count(seq, len(raw))
     events: list[Event] = []
     append = events.append

@@ -439,7 +439,11 @@ def load_settings(config_file: str | None = None, overrides: dict[str, Any] | No
 
     class _Loaded(Settings):
         @classmethod
-        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_: Any):  # type: ignore[override]
+        def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
             return (init_settings, _EnvSource(settings_cls), _DictSource(settings_cls, file_data))
 
     try:

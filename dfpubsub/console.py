@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from ._version import __version__
 from .errors import ConfigError, DfPubSubError
@@ -26,7 +26,15 @@ __all__ = ["console_main", "one_line", "ArgumentParser", "command_parser", "stop
 
 log = logging.getLogger("dfpubsub.console")
 
+#: A script's ``main(argv) -> int``, as written.
 Main = Callable[[list[str] | None], int]
+
+
+class GuardedMain(Protocol):
+    """A ``main`` as :func:`console_main` returns it: ``argv`` is optional (None: ``sys.argv[1:]``),
+    as the console script's entry point calls it with no argument."""
+
+    def __call__(self, argv: list[str] | None = None) -> int: ...
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -36,7 +44,7 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def command_parser(prog: str, doc: str) -> tuple[ArgumentParser, argparse._SubParsersAction]:
+def command_parser(prog: str, doc: str) -> tuple[ArgumentParser, argparse._SubParsersAction[ArgumentParser]]:
     """The parser of a tool made of subcommands: ``--version``, its description (the first line of
     ``doc``), and the subparsers, one of which is required."""
 
@@ -45,15 +53,18 @@ def command_parser(prog: str, doc: str) -> tuple[ArgumentParser, argparse._SubPa
     return parser, parser.add_subparsers(dest="command", required=True)
 
 
-def one_line(exc: BaseException) -> str:
-    """``exc``'s message on one line (its lines joined by ``; ``), or its type's name."""
-    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+def one_line(exc: BaseException | str) -> str:
+    """``exc``'s message (or ``exc``, a message) on one line (its lines joined by ``; ``); an exception
+    without a message gives its type's name."""
+    text = exc if isinstance(exc, str) else str(exc)
+    joined = "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    return joined or ("" if isinstance(exc, str) else type(exc).__name__)
 
 
-def console_main(prog: str) -> Callable[[Main], Main]:
+def console_main(prog: str) -> Callable[[Main], GuardedMain]:
     """Decorate the ``main`` of console script ``prog`` with the guard (see the module's doc)."""
 
-    def wrap(main: Main) -> Main:
+    def wrap(main: Main) -> GuardedMain:
         @functools.wraps(main)
         def guarded(argv: list[str] | None = None) -> int:
             try:
@@ -87,9 +98,13 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def close_all(*closables: object) -> None:
+class _Closable(Protocol):
+    def close(self) -> object: ...
+
+
+def close_all(*closables: _Closable | None) -> None:
     """Close each of ``closables`` that was opened (not None), in the order given: a daemon
     lists them last opened first, so it unregisters before its publisher says bye."""
     for closable in closables:
         if closable is not None:
-            closable.close()  # type: ignore[attr-defined]
+            closable.close()

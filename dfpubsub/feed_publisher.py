@@ -30,6 +30,7 @@ from .errors import HistoryGone, InvalidEvent, StoreError
 from .events import Action, VersionedObject
 from .logs import RateLimitedLog
 from .metrics import Stats
+from .retry import Backoff
 from .store import FeedEntry, Store
 
 if TYPE_CHECKING:
@@ -120,11 +121,11 @@ class FeedPublisher:
     def run(self, stop: threading.Event) -> None:
         """Publish until ``stop`` is set; a store that fails is retried with backoff; the feed is
         compacted every ``compact_interval`` seconds."""
-        pause, next_compact = 0.1, 0.0
+        backoff, next_compact = Backoff(0.1, 5.0), 0.0
         while not stop.is_set():
             try:
                 self.step()
-                pause = 0.1
+                backoff.reset()
                 if self.compact_interval and time.monotonic() >= next_compact:
                     next_compact = time.monotonic() + self.compact_interval
                     if removed := self.store.compact_feed():
@@ -132,8 +133,7 @@ class FeedPublisher:
             except StoreError as exc:  # unavailable, or a watch the server canceled: read again from the position
                 self.stats.inc("feed_store_errors")
                 self._trouble.warning("store", "cannot read the feed; retrying", error=str(exc), position=self.position)
-                stop.wait(pause)
-                pause = min(5.0, pause * 2)
+                stop.wait(backoff.failed())
 
     def close(self) -> None:
         """Stop following (the publisher and the store are the caller's to close)."""

@@ -33,6 +33,7 @@ from .errors import ClosedError, InvalidEvent, PayloadTooLarge, TransportError
 from .events import ACTIONS, CONTROL_TOPIC, Action, Bye, Event, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
+from .retry import Backoff
 from .transport import PublisherTransport
 
 __all__ = ["Publisher", "PublisherOptions"]
@@ -363,7 +364,7 @@ class Publisher:
         """The background thread. An unexpected error (a transport's bug, a foreign value it
         chokes on) is logged and counted, and the loop starts again after a backoff: a
         publisher whose thread died would never flush or say hello again, silently."""
-        backoff = _WELCOME_POLL
+        restarts = Backoff(_WELCOME_POLL, _RESTART_MAX)
         while not self._closed:
             started = time.monotonic()
             try:
@@ -372,10 +373,9 @@ class Publisher:
                 self.stats.inc("background_errors")
                 log.exception("publisher background thread failed; restarting it", extra={"publisher": self.name})
                 if time.monotonic() - started > _RESTART_MAX:
-                    backoff = _WELCOME_POLL  # it ran a while: a fresh failure, not a loop of them
+                    restarts.reset()  # it ran a while: a fresh failure, not a loop of them
                 with self._lock:
-                    self._cond.wait(backoff)
-                backoff = min(backoff * 2, _RESTART_MAX)
+                    self._cond.wait(restarts.failed())
 
     def _loop(self) -> None:
         max_idle = self.options.max_idle_time

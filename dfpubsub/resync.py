@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from .retry import equal_jitter
+
 __all__ = ["ResyncScheduler"]
 
 
@@ -96,5 +98,4 @@ class ResyncScheduler:
             self._widened = True
 
     def _jitter(self) -> float:
-        half = self._interval / 2
-        return half + self._rng.uniform(0, half)
+        return equal_jitter(self._interval, self._rng)

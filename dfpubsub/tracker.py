@@ -282,7 +282,7 @@ class SequenceTracker:
             self.peers.pop(pid, None)
 
     def _deadline(self, key: tuple[str, str]) -> float:
-        return self.peers[key[0]].streams[key[1]].deadline  # type: ignore[return-value]
+        return self.peers[key[0]].streams[key[1]].deadline  # type: ignore[return-value]  # set while the gap is open
 
     def _request(self, topic: str, reason: str, pid: str, missing: tuple[int, int] | None) -> None:
         self.requests.append(ResyncRequest(topic, reason, pid, missing))

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           ps.max_message_bytes), stats)
         if settings.publisher_service.announce:
             discovery = discovery_from_settings(settings)
-            announcer = PublisherAnnouncer(discovery, relay,  # type: ignore[arg-type]
+            announcer = PublisherAnnouncer(discovery, relay,
                                            advertise_host=settings.publisher_service.advertise_host or None)
     except DfPubSubError as exc:
         log.error("cannot start", extra={"error": str(exc)})

@@ -28,6 +28,7 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dfpubsub.tools.demo_feed import run_registration
@@ -98,10 +99,10 @@ def converged(ctrl: Controller, store: Store) -> bool:
     return truth == {(o.table, o.key): o for o in ctrl.cache.items()}
 
 
-def wait(cond: object, timeout: float = 10.0) -> bool:
+def wait(cond: Callable[[], object], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
+        if cond():
             return True
         time.sleep(0.05)
     return False

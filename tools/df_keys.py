@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "show":
         try:
-            public, _ = zmq.auth.load_certificate(args.file)
+            public_key, _ = zmq.auth.load_certificate(args.file)
         except (ValueError, OSError, UnicodeError) as exc:
             raise ConfigError(f"{args.file} is not a ZeroMQ key file: {exc}") from exc
-        print(public.decode())
+        print(public_key.decode())
         return 0
     if not Path(args.dir).is_dir():
         raise ConfigError(f"{args.dir} is not a directory")

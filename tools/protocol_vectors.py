@@ -58,8 +58,8 @@ def f64(x: float) -> Raw:
 
 
 def event_frame(*, v: Any = 1, kind: Any = "event", pub: Any = PID, name: Any = "api-0", topic: Any = "port",
-                seq: Any = 7, sent_at: Any = 1700000000.75, events: Any = None, extra: tuple = (),
-                drop: tuple = ()) -> Raw:
+                seq: Any = 7, sent_at: Any = 1700000000.75, events: Any = None, extra: tuple[tuple[Any, Any], ...] = (),
+                drop: tuple[str, ...] = ()) -> Raw:
     fields = [("v", v), ("kind", kind), ("pub", pub), ("name", name), ("topic", topic), ("seq", seq),
               ("sent_at", f64(sent_at) if type(sent_at) is float else sent_at),
               ("events", farr(ev()) if events is None else events)]
@@ -67,7 +67,8 @@ def event_frame(*, v: Any = 1, kind: Any = "event", pub: Any = PID, name: Any = 
 
 
 def hello_frame(*, seqs: Any = None, reason: Any = "welcome", max_idle: Any = 5.0, host: Any = "node-1",
-                pub: Any = PID, extra: tuple = (), drop: tuple = (), kind: str = "hello") -> Raw:
+                pub: Any = PID, extra: tuple[tuple[Any, Any], ...] = (), drop: tuple[str, ...] = (),
+                kind: str = "hello") -> Raw:
     sent_at = 1700000002.0 if kind == "bye" else 1700000001.0
     fields = [("v", 1), ("kind", kind), ("pub", pub), ("name", "api-0"), ("sent_at", f64(sent_at)),
               ("seqs", fmap(("port", 8)) if seqs is None else seqs), ("reason", reason),
@@ -84,19 +85,19 @@ def event_json(table: str = "port", key: str = "p1", action: str = "create", ver
 
 
 def batch_json(*, pub: str = PID, name: str = "api-0", topic: str = "port", seq: int = 7,
-               sent_at: float = 1700000000.75, events: list | None = None) -> dict[str, Any]:
+               sent_at: float = 1700000000.75, events: list[Any] | None = None) -> dict[str, Any]:
     return {"kind": "event", "pub": pub, "name": name, "sent_at": sent_at, "topic": topic, "seq": seq,
             "events": [event_json()] if events is None else events}
 
 
-def hello_json(*, seqs: dict | None = None, reason: str = "welcome", max_idle: float = 5.0, host: str = "node-1",
+def hello_json(*, seqs: dict[str, Any] | None = None, reason: str = "welcome", max_idle: float = 5.0, host: str = "node-1",
                more: bool = False, pub: str = PID) -> dict[str, Any]:
     return {"kind": "hello", "pub": pub, "name": "api-0", "sent_at": 1700000001.0,
             "seqs": {"port": 8} if seqs is None else seqs, "reason": reason, "max_idle": max_idle,
             "host": host, "more": more}
 
 
-def bye_json(seqs: dict | None = None) -> dict[str, Any]:
+def bye_json(seqs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"kind": "bye", "pub": PID, "name": "api-0", "sent_at": 1700000002.0,
             "seqs": {"port": 8} if seqs is None else seqs}
 

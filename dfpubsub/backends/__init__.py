@@ -2,7 +2,8 @@
 
 - :mod:`.sqlite`, :mod:`.redis`, :mod:`.etcd`: opening a connection, its errors as
   dfpubsub's typed ones, and what each backend's users share (etcd's transaction
-  builder and channel options; Redis's per-process client);
+  builder, channel options, endpoints and the fork-aware connection of the store and
+  the queues; Redis's per-process client);
 - :mod:`.access`: credentials and TLS for Redis and etcd, from ``[redis]`` / ``[etcd]``;
 - :mod:`.foreign`: skipping and counting records another writer left, so none fails a listing;
 - :mod:`.extras`: which optional extra brings which library, named in the error when missing.

@@ -1,25 +1,34 @@
-"""What every etcd client of dfpubsub shares: endpoints, channel options, failure codes.
+"""What every etcd client of dfpubsub shares: endpoints, channel options, failure codes, the
+shapes of the responses read, and the fork-aware connection of the store, the queues and the
+etcd watch driver.
 
-The store, publisher discovery and the etcd watch driver all talk to etcd
-through aetcd's generated gRPC stubs on a synchronous channel (aetcd's own
-client is asyncio-only). Loaded only by them, so ``import dfpubsub`` does not
-need grpc.
+The store, the queues, publisher discovery and the etcd watch driver all talk
+to etcd through aetcd's generated gRPC stubs on a synchronous channel (aetcd's
+own client is asyncio-only). Loaded only by them, so ``import dfpubsub`` does
+not need grpc.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable
-from typing import Any, NamedTuple
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import grpc
 from aetcd import rpc
 
-from ..errors import AuthenticationError, ConfigError
+from ..errors import AuthenticationError, ClosedError, ConfigError, StoreError, StoreUnavailable
 from .access import EtcdAccess, etcd_access
 
 __all__ = ["CHANNEL_OPTIONS", "RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers",
-           "open_channel", "txn"]
+           "open_channel", "txn", "Endpoints", "ForkHooks", "register_fork_hooks", "unregister_fork_hooks",
+           "EtcdChannel", "EtcdConnection", "KeyValue", "ResponseHeader", "RangeResponse", "DeleteRangeResponse",
+           "ResponseOp", "TxnResponse"]
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 #: Retry a lost server quickly rather than with gRPC's backoff of up to two minutes.
 RECONNECT_OPTIONS: list[tuple[str, Any]] = [
@@ -104,8 +113,10 @@ class _Details(NamedTuple):
     compression: Any
 
 
-class _TokenAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+# grpc ships no type information (its stubs, types-grpcio, are not installed), so mypy sees these
+# bases as Any; grpc.intercept_channel needs them as real bases (it dispatches by isinstance).
+class _TokenAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+                 grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]
     """Adds etcd's auth token to every call; a call refused for an expired token (etcd's tokens
     last minutes by default) gets a new one and is made once more, if it was a unary call."""
 
@@ -170,3 +181,275 @@ def txn(compare: list[rpc.Compare], success: list[Any], failure: list[Any] | Non
     """A transaction of ``compare`` guards with ``success`` and ``failure`` put, delete and range requests."""
     return rpc.TxnRequest(compare=compare, success=[_kv_op(r) for r in success],
                           failure=[_kv_op(r) for r in failure or ()])
+
+
+# -- the responses' shapes -------------------------------------------------------------------
+# aetcd's generated messages carry no type information: these are their fields that dfpubsub
+# reads. A response takes one of these types where it comes back from gRPC (an annotation, free).
+
+
+class KeyValue(Protocol):
+    """mvccpb.KeyValue: one key as a range or a watch returns it."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+class ResponseHeader(Protocol):
+    revision: int
+
+
+class RangeResponse(Protocol):
+    header: ResponseHeader
+    kvs: Sequence[KeyValue]
+    more: bool
+    count: int
+
+
+class DeleteRangeResponse(Protocol):
+    header: ResponseHeader
+    deleted: int
+    prev_kvs: Sequence[KeyValue]
+
+
+class ResponseOp(Protocol):
+    """The answer to one request of a transaction (only the field of its kind is set)."""
+
+    response_range: RangeResponse
+    response_delete_range: DeleteRangeResponse
+
+
+class TxnResponse(Protocol):
+    header: ResponseHeader
+    succeeded: bool
+    responses: Sequence[ResponseOp]
+
+
+# -- connections -----------------------------------------------------------------------------
+
+
+class Endpoints:
+    """The endpoints of an etcd URL and the one in use, which moves on after a failure.
+
+    Not thread-safe: its user's lock guards it. ``unavailable`` is the error
+    raised when none answers (the store's StoreUnavailable unless its user
+    says otherwise).
+    """
+
+    def __init__(self, url: str, unavailable: type[Exception] = StoreUnavailable):
+        self.url = url
+        self.all = parse_endpoints(url)
+        self.index = 0
+        self.unavailable = unavailable
+
+    def where(self) -> str:
+        """``host:port`` of the endpoint in use."""
+        host, port = self.all[self.index]
+        return f"{host}:{port}"
+
+    def failed(self) -> None:
+        """The endpoint in use failed: the next channel is opened to the next one."""
+        self.index = (self.index + 1) % len(self.all)
+
+    def open(self, timeout: float, options: list[tuple[str, Any]] = CHANNEL_OPTIONS) -> grpc.Channel:
+        """A channel to the first endpoint that answers, from the one in use; ``unavailable`` if none does."""
+        first, n = self.index, len(self.all)
+        for i in range(n):
+            self.index = (first + i) % n
+            channel = open_channel(self.where(), options)
+            if n == 1 or answers(channel, timeout / n):  # several: take the first that answers
+                return channel  # one: gRPC connects on the first call
+            channel.close()
+        raise self.unavailable(f"none of the etcd endpoints of {self.url} answered")
+
+
+class ForkHooks(Protocol):
+    """What closes its gRPC channels around ``os.fork()`` (see :func:`register_fork_hooks`)."""
+
+    def before_fork(self) -> None:
+        """Stop new calls, end or cancel those in flight and close the channel; return holding
+        what keeps calls from starting until :meth:`after_fork`."""
+
+    def after_fork(self, child: bool) -> None:
+        """Let calls start again, in the parent or (``child``) the new process; they reopen the channel."""
+
+
+# gRPC cannot fork while a thread is inside it (the child crashes or hangs), so everything of this
+# process that holds a channel closes it just before a fork, once its calls have ended, and holds
+# its lock until the fork is done; both sides then reopen the channel lazily. (gRPC's own threads
+# can still, rarely, hang a child forked while other threads were mid-call: fork before them.)
+_FORK_HOOKS: weakref.WeakSet[ForkHooks] = weakref.WeakSet()
+_FORKING: list[ForkHooks] = []
+
+
+def register_fork_hooks(obj: ForkHooks) -> None:
+    """Have ``obj.before_fork()`` called just before every ``os.fork()`` of this process and
+    ``obj.after_fork(child)`` just after it, on both sides, until ``obj`` is unregistered or garbage."""
+    _FORK_HOOKS.add(obj)
+
+
+def unregister_fork_hooks(obj: ForkHooks) -> None:
+    """Undo :func:`register_fork_hooks` (``obj`` closed)."""
+    _FORK_HOOKS.discard(obj)
+
+
+def _before_fork() -> None:
+    for obj in list(_FORK_HOOKS):
+        obj.before_fork()
+        _FORKING.append(obj)
+
+
+def _after_fork(child: bool) -> None:
+    while _FORKING:
+        _FORKING.pop().after_fork(child)
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=lambda: _after_fork(False),
+                    after_in_child=lambda: _after_fork(True))
+
+
+class EtcdChannel(Generic[S]):
+    """A channel to etcd and the stubs ``stubs(channel)`` makes on it, shared by every call.
+
+    The channel is opened on first use (to the first endpoint that answers);
+    one that failed is closed, so the next call reconnects (to the next
+    endpoint): a restarted etcd is picked up by the same object. gRPC's
+    failures become ``refused`` (the server answered no) and ``unavailable``
+    (it is gone or slow, or the channel was closed under the call).
+
+    Its owner calls :meth:`before_fork` and :meth:`after_fork` around a fork
+    (:class:`EtcdConnection` registers itself): the calls in flight are given
+    ``fork_grace`` seconds to end, the channel is closed (cancelling the
+    rest) and reopened on the next call, in the parent and in the child.
+    """
+
+    def __init__(self, url: str, timeout: float, stubs: Callable[[grpc.Channel], S], *,
+                 options: list[tuple[str, Any]] = CHANNEL_OPTIONS, refused: type[Exception] = StoreError,
+                 unavailable: type[Exception] = StoreUnavailable, fork_grace: float = 0.0):
+        self.url = url
+        self.timeout = timeout
+        self.endpoints = Endpoints(url, unavailable)
+        self._make_stubs = stubs
+        self._options = options
+        self._refused = refused
+        self._unavailable = unavailable
+        self._fork_grace = fork_grace
+        self._lock = threading.Condition(threading.Lock())  # guards the fields below
+        self._pid = -1
+        self._channel: grpc.Channel | None = None
+        self._stubs: S | None = None  # of _channel
+        self._calls = 0  # calls in flight, on any channel
+        self._draining = False  # close() waits for the calls in flight: new ones wait too
+        self._closed = False  # for good: calls raise ClosedError
+        self._orphans: list[object] = []  # a forked child's copies of the parent's channel: never closed
+
+    def where(self) -> str:
+        """``host:port`` of the endpoint in use."""
+        return self.endpoints.where()
+
+    def call(self, fn: Callable[[S], T]) -> T:
+        """Run ``fn(stubs)``; gRPC failures become ``refused`` / ``unavailable``.
+
+        ``fn`` makes RPCs, each with a deadline of ``timeout`` (or a stream it
+        cancels when asked to); a fork waits for it to return.
+        """
+        with self._lock:
+            if self._pid != os.getpid():  # first call, or forked without our hook: the parent's calls
+                if self._channel is not None:  # and channel are not ours
+                    self._orphans.append(self._channel)
+                self._channel, self._stubs, self._calls, self._draining, self._pid = None, None, 0, False, os.getpid()
+            self._lock.wait_for(lambda: not self._draining)
+            stubs = self._stubs
+            if stubs is None:
+                if self._closed:
+                    raise ClosedError(f"etcd connection to {self.url} is closed")
+                self._channel = self.endpoints.open(self.timeout, self._options)
+                stubs = self._stubs = self._make_stubs(self._channel)
+            self._calls += 1
+        error: Exception
+        try:
+            try:
+                return fn(stubs)
+            except (grpc.RpcError, ValueError) as exc:
+                error = self.error(stubs, exc)
+            # Not chained to gRPC's error, and without our references: gRPC's call and channel are
+            # freed here, before the call counts as ended, so that no thread is inside gRPC at a fork.
+            del stubs
+        finally:
+            with self._lock:
+                self._calls -= 1
+                if not self._calls:
+                    self._lock.notify_all()
+        raise error
+
+    def error(self, stubs: S, exc: grpc.RpcError | ValueError) -> Exception:
+        """What a call on ``stubs`` that failed with ``exc`` means (:meth:`call` does this; for a call
+        made inside another one's ``fn``). A lost or slow server: the channel is closed (unless
+        another call already did so) and the next call connects to the next endpoint."""
+        where = self.where()
+        if isinstance(exc, ValueError):  # gRPC refuses a call on a channel that close(), a failure or a fork closed
+            return self._unavailable(f"etcd channel to {where} was closed (or the process forked) during the call")
+        code = status_code(exc)
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            details = f"no answer within {self.timeout}s"
+        if code is not None and code not in UNAVAILABLE:
+            return self._refused(f"etcd at {where} refused the request: {code.name}: {details}")
+        with self._lock:
+            if stubs is self._stubs:
+                channel, self._channel, self._stubs = self._channel, None, None
+                if channel is not None:
+                    channel.close()
+                self.endpoints.failed()
+        return self._unavailable(f"etcd at {where} is unavailable: {details}")
+
+    def close(self, final: bool = False) -> None:
+        """Close the channel, cancelling the calls in flight (waited for up to ``timeout``); the
+        next call opens another, or (``final``) raises ClosedError."""
+        with self._lock:
+            if final:
+                self._closed = True
+            self._close_locked(0.0)
+
+    def before_fork(self) -> None:
+        """See :class:`ForkHooks`: returns holding the lock, with the channel closed."""
+        self._lock.acquire()
+        self._close_locked(self._fork_grace)
+
+    def after_fork(self, child: bool) -> None:
+        self._lock.release()  # a child's first call finds a pid of the parent's and starts afresh
+
+    def _close_locked(self, grace: float) -> None:
+        """Close the channel once the calls in flight have ended (given ``grace`` seconds; the rest
+        are cancelled) and wait (up to ``timeout``) for them."""
+        channel, self._channel, self._stubs = self._channel, None, None
+        if channel is None:
+            return
+        if self._pid != os.getpid():  # the parent's: its calls do not exist here
+            self._orphans.append(channel)
+            return
+        self._draining = True
+        if grace:
+            self._lock.wait_for(lambda: not self._calls, grace)
+        channel.close()  # callers still waiting get ``unavailable``
+        self._lock.wait_for(lambda: not self._calls, self.timeout)
+        self._draining = False
+        self._lock.notify_all()
+
+
+class EtcdConnection(EtcdChannel[Any]):
+    """The channel of an etcd store or queue backend and its KV stub (aetcd's, untyped), shared by
+    every call: errors are StoreError / StoreUnavailable, and it closes itself around a fork."""
+
+    def __init__(self, url: str, timeout: float):
+        super().__init__(url, timeout, rpc.KVStub)
+        register_fork_hooks(self)
+
+    def commit(self, request: rpc.TxnRequest) -> TxnResponse:
+        """Run the transaction ``request`` (see :func:`txn`); its response."""
+        response: TxnResponse = self.call(lambda kv: kv.Txn(request, timeout=self.timeout))
+        return response

@@ -30,6 +30,7 @@ EXTRA_OF: dict[str, str] = {
     "pyarrow": "spark",
     "pandas": "spark",
     "matplotlib": "spark",
+    "tenacity": "test",
 }
 
 

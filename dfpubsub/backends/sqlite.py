@@ -6,14 +6,54 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import warnings
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from ..errors import StoreUnavailable
+from ..errors import ConfigError, StoreUnavailable
 
-__all__ = ["SqliteDb", "connect_sqlite", "fetch_rows", "file_location"]
+__all__ = ["Row", "SqliteDb", "connect_sqlite", "fetch_rows", "file_location", "require_sqlite_file",
+           "sqlite_path"]
 
 T = TypeVar("T")
+
+#: A row as sqlite3 returns it. SQLite's values are typed by what was stored, not by the column
+#: (another writer may have stored anything): its reader checks each value it uses.
+Row = tuple[Any, ...]
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite:`` URL, as SQLAlchemy and oslo.db read them.
+
+    ``sqlite:///relative/nb.sqlite`` is relative to the working directory,
+    ``sqlite:////abs/nb.sqlite`` absolute, ``sqlite:///:memory:`` private and
+    in memory. For the older reading, where three slashes meant an absolute
+    path: a relative path whose folder does not exist while ``/folder`` does
+    is taken as absolute, with a DeprecationWarning (write four slashes).
+    ConfigError without a path.
+    """
+    if not url.startswith("sqlite:///"):
+        raise ConfigError(f"sqlite URL must start with sqlite:/// (relative) or sqlite://// (absolute): {url!r}")
+    path = url[len("sqlite:///"):]
+    if path == ":memory:":
+        return path
+    if not path:
+        raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:////var/lib/dfpubsub/nb.sqlite: {url!r}")
+    folder = os.path.dirname(path)
+    if folder and not os.path.isabs(path) and not os.path.isdir(folder) and os.path.isdir("/" + folder):
+        warnings.warn(f"{url} names {path} in the missing folder {folder}; using /{path} as older versions "
+                      f"did. Write sqlite:////{path} for an absolute path.", DeprecationWarning, stacklevel=2)
+        return "/" + path
+    return path
+
+
+def require_sqlite_file(url: str) -> None:
+    """For commands that only read: StoreUnavailable, naming the file, if ``url`` is a SQLite
+    database that does not exist (opening it would create an empty one)."""
+    if url.startswith("sqlite:"):
+        path = sqlite_path(url)
+        if path != ":memory:" and not os.path.exists(path):
+            raise StoreUnavailable(f"no database at {os.path.abspath(path)} ({url}); nothing to read")
 
 
 def file_location(path: str) -> str:
@@ -49,7 +89,7 @@ def _text(raw: bytes) -> str | bytes:
         return raw
 
 
-def fetch_rows(conn: sqlite3.Connection, sql: str, args: tuple) -> list[tuple]:
+def fetch_rows(conn: sqlite3.Connection, sql: str, args: tuple[object, ...]) -> list[Row]:
     """The rows of ``sql``; text another writer stored that is not UTF-8 comes as bytes, for the
     caller to skip (foreign records, dfpubsub/backends/foreign.py), instead of failing the whole read."""
     try:
@@ -99,7 +139,7 @@ class SqliteDb:
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"SQLite {self.what} {self.path}: {doing} failed: {exc}") from exc
 
-    def fetchall(self, sql: str, args: tuple, doing: str = "call") -> list[tuple]:
+    def fetchall(self, sql: str, args: tuple[object, ...], doing: str = "call") -> list[Row]:
         """One autocommitted statement run to its end (a write commits); its rows.
 
         :meth:`run` with no closure to build: this is every store read and write.

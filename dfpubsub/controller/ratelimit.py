@@ -1,9 +1,10 @@
 """Rate limiting of a work queue's retries, in the manner of client-go's default controller limiter.
 
 A failing key waits ``max(per-key exponential backoff, overall token bucket)``:
-the backoff (``base * 2**failures``, capped at ``max_delay``) keeps one broken
-key from spinning, the bucket (``qps`` tokens a second, ``burst`` at most) keeps
-a storm of failing keys from hammering what they call. ``forget(key)`` resets
+the backoff (``base * 2**failures``, capped at ``max_delay``, computed by
+:func:`dfpubsub.retry.backoff_delay`) keeps one broken key from spinning, the
+bucket (``qps`` tokens a second, ``burst`` at most) keeps a storm of failing
+keys from hammering what they call. ``forget(key)`` resets
 the key's backoff once it succeeds. Times come from an injectable clock.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
+
+from ..retry import backoff_delay
 
 __all__ = ["ExponentialBackoff", "TokenBucket", "RateLimiter"]
 
@@ -34,8 +37,7 @@ class ExponentialBackoff:
         with self._lock:
             n = self._failures.get(key, 0)
             self._failures[key] = n + 1
-        # 2**n overflows a float long after the cap is reached: stop doubling there.
-        return self.max_delay if n > 60 else min(self.base * (1 << n), self.max_delay)
+        return backoff_delay(self.base, self.max_delay, n)
 
     def failures(self, key: Hashable) -> int:
         """Failures of ``key`` since it was last forgotten."""

@@ -29,18 +29,18 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from ..backends.extras import needs_extra
+from ..backends.sqlite import sqlite_path
 from ..errors import ConfigError, DfPubSubError
-from ..store import sqlite_path
 from .api import Discovery, PollingWatcher, PublisherRecord, RecordCallback, Registration, Watcher, check_timing
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..publisher import Publisher
     from ..subscriber import Subscriber
+    from ..transport import PublisherTransport
 
 __all__ = [
     "Discovery",
@@ -107,6 +107,19 @@ def advertised_uri(uri: str, host: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+class Announced(Protocol):
+    """What :class:`PublisherAnnouncer` reads of a publisher: a
+    :class:`~dfpubsub.publisher.Publisher`, or the :class:`~dfpubsub.relay.Relay` of a publisher service."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def transport(self) -> PublisherTransport: ...
+    def sequences(self) -> dict[str, int]: ...
+
+
 class PublisherAnnouncer:
     """Keeps ``publisher`` registered in ``discovery`` until :meth:`close`.
 
@@ -121,7 +134,7 @@ class PublisherAnnouncer:
     def __init__(
         self,
         discovery: Discovery,
-        publisher: Publisher,
+        publisher: Announced,
         topics: Iterable[str] | None = None,
         *,
         advertise_host: str | None = None,

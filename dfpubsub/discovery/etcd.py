@@ -41,8 +41,9 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..backends.etcd import CHANNEL_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints, status_code
+from ..backends.etcd import UNAVAILABLE, Endpoints, status_code
 from ..errors import StoreError, StoreUnavailable
+from ..retry import Backoff
 from .api import Discovery, PublisherRecord, RecordCallback, Watcher
 
 __all__ = ["EtcdDiscovery"]
@@ -69,36 +70,24 @@ class _Connection:
     def __init__(self, url: str, timeout: float):
         self.url = url
         self.timeout = timeout
-        self._endpoints = parse_endpoints(url)
-        self._endpoint = 0
+        self._endpoints = Endpoints(url)
         self._lock = threading.Lock()
         self._stubs: _Stubs | None = None
 
     def where(self) -> str:
-        host, port = self._endpoints[self._endpoint]
-        return f"{host}:{port}"
+        return self._endpoints.where()
 
     def new_channel(self) -> grpc.Channel:
         """A channel of the caller's own (for a stream), to the first endpoint that answers."""
         with self._lock:
-            return self._open_locked()
-
-    def _open_locked(self) -> grpc.Channel:
-        first, n = self._endpoint, len(self._endpoints)
-        for i in range(n):
-            self._endpoint = (first + i) % n
-            channel = open_channel(self.where(), CHANNEL_OPTIONS)
-            if n == 1 or answers(channel, self.timeout / n):  # one: gRPC connects on the first call
-                return channel
-            channel.close()
-        raise StoreUnavailable(f"none of the etcd endpoints of {self.url} answered")
+            return self._endpoints.open(self.timeout)
 
     def call(self, what: str, fn: Callable[[_Stubs], T]) -> T:
         """Run ``fn(stubs)`` (RPCs with deadlines only); gRPC failures become typed errors."""
         with self._lock:
             stubs = self._stubs
             if stubs is None or stubs.pid != os.getpid():  # a forked child never touches the parent's channel
-                channel = self._open_locked()
+                channel = self._endpoints.open(self.timeout)
                 stubs = self._stubs = _Stubs(os.getpid(), channel, rpc.KVStub(channel), rpc.LeaseStub(channel))
         try:
             return fn(stubs)
@@ -118,7 +107,7 @@ class _Connection:
         with self._lock:
             if self._stubs is stubs:
                 self._stubs = None
-                self._endpoint = (self._endpoint + 1) % len(self._endpoints)
+                self._endpoints.failed()
         stubs.channel.close()
 
     def close(self) -> None:
@@ -288,14 +277,14 @@ class _EtcdWatcher(Watcher):
                 self._stream.cancel()
 
     def _run(self) -> None:
-        pause = 0.1
+        backoff = Backoff(0.1, 1.0)
         while not self._stop.is_set():
             try:
                 if self._revision == 0:
                     self.relists += 1
                     self._relist()
                 if self._follow():
-                    pause = 0.1
+                    backoff.reset()
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     return
@@ -304,8 +293,7 @@ class _EtcdWatcher(Watcher):
                                                 error=str(details), revision=self._revision)
             except StoreError as exc:
                 self.discovery._trouble.warning("watch-etcd", "discovery watch failed; retrying", error=str(exc))
-            self._stop.wait(pause)
-            pause = min(1.0, pause * 2)
+            self._stop.wait(backoff.failed())
 
     def _follow(self) -> bool:
         """Watch from ``_revision + 1`` until the stream ends; whether anything was received."""

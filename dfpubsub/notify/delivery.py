@@ -41,6 +41,7 @@ from ..errors import DfPubSubError, EndpointRejected
 from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..queues import QueueStore
+from ..retry import backoff_delay
 from .registry import NotificationRegistry
 from .shard import ShardRound, Slots
 from .topics import Topic
@@ -256,8 +257,9 @@ class DeliveryWorker:
                               extra={"shard": name, "topic": topic.name, "failures": failures})
                     await self._release(name)
                     return
-                pause = self.options.poll_interval * 2 ** min(failures, 16)
-                await asyncio.sleep(min(pause, self.options.renew_interval))
+                # Doubling at most 16 times: the cap is renew_interval, or poll_interval * 2**16 if smaller.
+                await asyncio.sleep(backoff_delay(self.options.poll_interval, self.options.renew_interval,
+                                                  min(failures, 16)))
                 continue
             failing_since, failures = None, 0
             if not busy:

@@ -176,7 +176,7 @@ def encode(n: Notification) -> bytes:
     Raises :class:`InvalidEvent` when its value cannot be serialised.
     """
     try:
-        return msgpack.packb(
+        packed: bytes = msgpack.packb(
             {
                 "v": NOTIFICATION_SCHEMA_VERSION, "id": n.id, "topic": n.topic, "event_name": n.event_name,
                 "action": n.action, "bucket": n.bucket, "key": n.key, "version": n.version, "size": n.size,
@@ -186,6 +186,7 @@ def encode(n: Notification) -> bytes:
         )
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidEvent(f"notification {n.id!r} is not serialisable: {exc}") from exc
+    return packed
 
 
 def decode(data: bytes, max_bytes: int = MAX_NOTIFICATION_BYTES) -> Notification:

@@ -209,7 +209,7 @@ class ShardRound:
         if stored is None:
             return 0
         if stored["queue"] == self._created and stored["first"] <= items[0][0].marker <= stored["last"]:
-            return stored["attempts"]
+            return int(stored["attempts"])  # an int, as _parse_attempts checked
         await self._clear_attempts()  # about entries handled since
         return 0
 

@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import InvalidValue
@@ -200,7 +200,10 @@ def _load(blob: bytes, what: str) -> dict[str, Any]:
     return fields
 
 
-def _build(cls: Any, fields: dict[str, Any]) -> Any:
+_T = TypeVar("_T")
+
+
+def _build(cls: type[_T], fields: dict[str, Any]) -> _T:
     try:
         return cls(**fields)
     except TypeError as exc:  # unknown or missing fields

@@ -53,7 +53,8 @@ class _ArrowFs:
 
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as fh:
-            return fh.read()
+            data: bytes = fh.read()
+        return data
 
 
 def load_snapshot(root: str, topics: Iterable[str]) -> tuple[Manifest, list[VersionedObject]] | None:

@@ -15,8 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
+from ..backends.sqlite import sqlite_path
 from ..errors import ConfigError
-from ..store import sqlite_path
 from .api import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ENTRIES,

@@ -27,8 +27,11 @@ clock (``clock``, ``time.time`` by default): processes sharing a Redis or
 etcd backend from several hosts need synchronised clocks (NTP), with an
 error well under ``stale_after`` and the lease duration.
 
-Backends implement the ``_``-prefixed hooks; this class validates arguments,
-so every backend fails the same way on bad input.
+Backends implement the abstract ``_``-prefixed hooks (docs/queues.md, "Writing
+a backend"); this class validates arguments, so every backend fails the same
+way on bad input, and derives the rest: a single reserve or commit is a batch
+of one, ``remove_markers()`` and ``set_aside()`` share one hook, and a lease is
+read from ``stats()``, unless a backend overrides those with cheaper ways.
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..errors import InvalidValue
-from ..store import Store
+from ..store.api import Store
 from ..store.outbox import Outbox, same_place
 
 __all__ = [
     "QueueStore",
+    "Aside",
     "QueueEntry",
     "QueueInfo",
     "QueueStats",
@@ -107,6 +111,13 @@ class DeadLetter(NamedTuple):
     queue: str
     marker: str
     data: bytes
+    reason: str
+    at: float
+
+
+class Aside(NamedTuple):
+    """What :meth:`QueueStore.set_aside` records with each entry it removes."""
+
     reason: str
     at: float
 
@@ -286,7 +297,7 @@ class QueueStore(abc.ABC):
         removed (markers of entries already gone are skipped)."""
         self._batch(markers)
         seqs = sorted({marker_seq(m) for m in markers})
-        return self._remove_markers(name, seqs) if seqs else 0
+        return self._remove_exact(name, [(s, None) for s in seqs], None) if seqs else 0
 
     def stats(self, name: str) -> QueueStats:
         """Counters of the queue (expired reservations no longer count) and its lease."""
@@ -341,7 +352,7 @@ class QueueStore(abc.ABC):
             if not isinstance(e.data, bytes):
                 raise InvalidValue("dead letter data must be bytes")
             items[marker_seq(e.marker)] = e.data
-        return self._set_aside(name, sorted(items.items()), reason, self.clock()) if items else 0
+        return self._remove_exact(name, sorted(items.items()), Aside(reason, self.clock())) if items else 0
 
     def list_dead_letters(self, name: str | None = None, max: int = 1000) -> builtins.list[DeadLetter]:
         """Dead letters of one queue (all if None), by queue then marker, at most ``max``."""
@@ -402,6 +413,10 @@ class QueueStore(abc.ABC):
         self.close()
 
     # -- backend hooks (times are the caller's clock) -----------------------------------------
+    # Arguments come checked. Each hook is atomic where its public method promises so; one on a
+    # queue that does not exist raises QueueNotFound, but _delete_queue and _unlock answer False,
+    # _list_dead_letters and _purge_dead_letters nothing. The abstract ones are the contract; the
+    # others are derived from them, and a backend overrides one only where its own costs less.
 
     @abc.abstractmethod
     def _create_queue(self, name: str, max_bytes: int, max_entries: int, stale_after: float, now: float) -> bool: ...
@@ -416,16 +431,20 @@ class QueueStore(abc.ABC):
     def _queue_info(self, name: str) -> QueueInfo: ...
 
     @abc.abstractmethod
-    def _reserve(self, name: str, size: int, now: float) -> str: ...
+    def _reserve_many(self, name: str, sizes: builtins.list[int], now: float) -> builtins.list[str]:
+        """Reservations of ``sizes`` (at least one), all or none (QueueFull)."""
+
+    def _reserve(self, name: str, size: int, now: float) -> str:
+        """One reservation: a batch of one."""
+        return self._reserve_many(name, [size], now)[0]
 
     @abc.abstractmethod
-    def _reserve_many(self, name: str, sizes: builtins.list[int], now: float) -> builtins.list[str]: ...
+    def _commit_many(self, name: str, items: builtins.list[tuple[str, bytes]], now: float) -> builtins.list[str]:
+        """The entries of ``items`` (at least one, distinct reservations), in order, all or none."""
 
-    @abc.abstractmethod
-    def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str: ...
-
-    @abc.abstractmethod
-    def _commit_many(self, name: str, items: builtins.list[tuple[str, bytes]], now: float) -> builtins.list[str]: ...
+    def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str:
+        """One commit: a batch of one."""
+        return self._commit_many(name, [(res_id, data)], now)[0]
 
     @abc.abstractmethod
     def _abort(self, name: str, res_id: str, now: float) -> bool: ...
@@ -437,10 +456,12 @@ class QueueStore(abc.ABC):
     def _remove(self, name: str, up_to: int) -> int: ...
 
     @abc.abstractmethod
-    def _remove_markers(self, name: str, seqs: builtins.list[int]) -> int: ...
-
-    @abc.abstractmethod
-    def _set_aside(self, name: str, items: builtins.list[tuple[int, bytes]], reason: str, now: float) -> int: ...
+    def _remove_exact(self, name: str, items: builtins.list[tuple[int, bytes | None]], aside: Aside | None) -> int:
+        """Remove the entries at the sequence numbers of ``items`` (sorted, distinct, at most
+        :attr:`max_batch`) that are still queued, in one atomic step (or one per page where a step
+        holds fewer); how many. With ``aside`` (:meth:`set_aside`), each one removed is recorded
+        in its step as a dead letter of the item's data (None only without ``aside``) and
+        ``aside``'s reason and time; one already recorded may keep its first record."""
 
     @abc.abstractmethod
     def _stats(self, name: str, now: float) -> QueueStats: ...
@@ -451,8 +472,10 @@ class QueueStore(abc.ABC):
     @abc.abstractmethod
     def _unlock(self, name: str, owner: str) -> bool: ...
 
-    @abc.abstractmethod
-    def _owner(self, name: str, now: float) -> tuple[str, float] | None: ...
+    def _owner(self, name: str, now: float) -> tuple[str, float] | None:
+        """The lease as :meth:`_stats` shows it."""
+        stats = self._stats(name, now)
+        return None if stats.owner is None or stats.owner_until is None else (stats.owner, stats.owner_until)
 
     @abc.abstractmethod
     def _dead_letter(self, name: str, marker: str, data: bytes, reason: str, now: float) -> bool: ...

@@ -22,7 +22,7 @@ Layout under ``/{prefix}/q/``:
 - ``rec/{kind}/{name}``: a record.
 
 The channel, its reconnection and its care around ``fork()`` are the etcd
-store's (:class:`dfpubsub.store.etcd.EtcdStore`, opened without tables).
+store's too (:class:`dfpubsub.backends.etcd.EtcdConnection`).
 The reservations live in the state key, so keep the number outstanding
 well below ten thousand per queue (etcd's request size limit).
 """
@@ -34,17 +34,16 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ..backends import foreign
-from ..backends.etcd import txn
+from ..backends.etcd import EtcdConnection, KeyValue, RangeResponse, TxnResponse, txn
 from ..errors import QueueError, QueueFull, QueueNotFound, ReservationNotFound
-from ..store.etcd import EtcdStore
-from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+from .api import Aside, DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names
 
 __all__ = ["EtcdQueues"]
@@ -55,11 +54,17 @@ _REMOVE_PAGE = 1000
 #: Entries per transaction of remove_markers / set_aside: a read of each, then a delete and a dead
 #: letter each and the state, within etcd's 128 operations per transaction.
 _EXACT_PAGE = 60
-State = list  # the decoded state key: see the module docstring
+#: A queue's state key decoded (see the module docstring): a msgpack array of numbers and, at
+#: _RES, the reservations (_state checks that shape). Changed in place, field by field, so a list.
+State = list[Any]
+#: The reservations of a state: id -> [size, expires_at].
+Reservations = dict[str, list[float]]
+R = TypeVar("R")
 
 
-def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+def _pack(obj: object) -> bytes:
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)  # msgpack has no type information
+    return packed
 
 
 def _unpack(blob: bytes) -> Any:
@@ -76,7 +81,7 @@ def _state(blob: bytes) -> State:
     return state
 
 
-def _lease(kv: Any) -> tuple[str, float] | None:
+def _lease(kv: KeyValue) -> tuple[str, float] | None:
     """(owner, until) of a lease key; None (skipped, counted) when it is not one."""
     return foreign.decode("queue_lease", kv.key, _owner_until, kv.value)
 
@@ -100,8 +105,9 @@ def _created(key: bytes, exists: bool) -> rpc.Compare:
 def _fits(state: State, sizes: Sequence[int]) -> bool:
     """Whether entries (or reservations) of ``sizes`` fit in a live ``state`` beside what it holds."""
     res = state[_RES]
-    return (state[_BYTES] + sum(r[0] for r in res.values()) + sum(sizes) <= state[_MAX_BYTES]
-            and state[_ENTRIES] + len(res) + len(sizes) <= state[_MAX_ENTRIES])
+    fits: bool = (state[_BYTES] + sum(r[0] for r in res.values()) + sum(sizes) <= state[_MAX_BYTES]
+                  and state[_ENTRIES] + len(res) + len(sizes) <= state[_MAX_ENTRIES])  # numbers: see _state
+    return fits
 
 
 def _live(state: State, now: float) -> State:
@@ -124,7 +130,7 @@ class EtcdQueues(QueueStore):
         self.url = url
         self.prefix = prefix
         self.timeout = timeout
-        self._conn = EtcdStore(url, (), prefix=prefix, timeout=timeout)
+        self._conn = EtcdConnection(url, timeout)
         root = f"/{prefix}/q/".encode()
         self._states, self._entries, self._locks, self._dead, self._records = (
             root + b"s/", root + b"e/", root + b"l/", root + b"d/", root + b"rec/")
@@ -133,8 +139,8 @@ class EtcdQueues(QueueStore):
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _send(self, compare: list[rpc.Compare], success: list[Any], failure: list[Any] | None = None) -> Any:
-        return self._conn._commit(txn(compare, success, failure))
+    def _send(self, compare: list[rpc.Compare], success: list[Any], failure: list[Any] | None = None) -> TxnResponse:
+        return self._conn.commit(txn(compare, success, failure))
 
     def _state_key(self, name: str) -> bytes:
         return self._states + name.encode()
@@ -152,7 +158,7 @@ class EtcdQueues(QueueStore):
         with self._cache_lock:
             self._cache.pop(name, None)
 
-    def _read(self, name: str, *more: Any) -> tuple[tuple[int, State], list[Any]]:
+    def _read(self, name: str, *more: Any) -> tuple[tuple[int, State], list[RangeResponse]]:
         """The queue's state (QueueNotFound without one) and the answers to ``more`` reads, at one revision."""
         resp = self._send([], [rpc.RangeRequest(key=self._state_key(name)), *more])
         kvs = resp.responses[0].response_range.kvs
@@ -163,7 +169,7 @@ class EtcdQueues(QueueStore):
         self._remember(name, *cached)
         return cached, [r.response_range for r in resp.responses[1:]]
 
-    def _change(self, name: str, fn: Callable[[State], tuple[State | None, list[Any], Any]]) -> Any:
+    def _change(self, name: str, fn: Callable[[State], tuple[State | None, list[Any], R | Exception]]) -> R:
         """Apply ``fn(state) -> (new state or None, more requests, result)`` by compare-and-set.
 
         ``fn`` must not change ``state``. A QueueError it raises on a cached
@@ -203,7 +209,7 @@ class EtcdQueues(QueueStore):
 
     def _create_queue(self, name: str, max_bytes: int, max_entries: int, stale_after: float, now: float) -> bool:
         key = self._state_key(name)
-        state = [max_bytes, max_entries, stale_after, now, 0, 0, 0, {}]
+        state: State = [max_bytes, max_entries, stale_after, now, 0, 0, 0, {}]
         resp = self._send([_created(key, False)], [rpc.PutRequest(key=key, value=_pack(state))])
         if resp.succeeded:
             self._remember(name, resp.header.revision, state)
@@ -237,9 +243,6 @@ class EtcdQueues(QueueStore):
 
     # -- writers ------------------------------------------------------------------------------------
 
-    def _reserve(self, name: str, size: int, now: float) -> str:
-        return self._reserve_many(name, [size], now)[0]
-
     def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]:
         def fn(state: State) -> tuple[State, list[Any], list[str]]:
             new = _live(state, now)
@@ -255,19 +258,16 @@ class EtcdQueues(QueueStore):
 
         return self._change(name, fn)
 
-    def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str:
-        return self._commit_many(name, [(res_id, data)], now)[0]
-
     def _commit_many(self, name: str, items: list[tuple[str, bytes]], now: float) -> list[str]:
         prefix = self._entry_prefix(name)
 
-        def fn(state: State) -> tuple[State, list[Any], Any]:
+        def fn(state: State) -> tuple[State, list[Any], list[str] | ReservationNotFound]:
             for res_id, _ in items:
                 if res_id not in state[_RES]:
                     raise ReservationNotFound(f"queue {name}: reservation {res_id!r} is unknown "
                                               "(committed, aborted, expired or never made)")
             new = _live(state, now)
-            res = new[_RES]
+            res: Reservations = new[_RES]
             for res_id, _ in items:
                 if res_id not in res:  # expired: dropped with the others, nothing committed
                     return new, [], ReservationNotFound(f"queue {name}: reservation {res_id!r} expired")
@@ -291,7 +291,7 @@ class EtcdQueues(QueueStore):
 
     def _abort(self, name: str, res_id: str, now: float) -> bool:
         def fn(state: State) -> tuple[State | None, list[Any], bool]:
-            r = state[_RES].get(res_id)
+            r: list[float] | None = state[_RES].get(res_id)
             if r is None:
                 return None, [], False
             new = list(state)
@@ -339,17 +339,9 @@ class EtcdQueues(QueueStore):
                 if len(kvs) < _REMOVE_PAGE:
                     return removed
 
-    def _remove_markers(self, name: str, seqs: list[int]) -> int:
-        return self._remove_exact(name, [(s, None) for s in seqs], None)
-
-    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int:
-        return self._remove_exact(name, items, (reason, now))
-
-    def _remove_exact(self, name: str, items: Sequence[tuple[int, bytes | None]],
-                      dead: tuple[str, float] | None) -> int:
-        """Delete the entries of ``items`` that exist (and with ``dead`` record them as dead letters)
-        page by page, each page one compare-and-set of the state: every entry deletion changes the
-        state, so an unchanged state means the entries read are still there."""
+    def _remove_exact(self, name: str, items: list[tuple[int, bytes | None]], aside: Aside | None) -> int:
+        """Page by page, each page one compare-and-set of the state: every entry deletion changes
+        the state, so an unchanged state means the entries read are still there."""
         prefix, key = self._entry_prefix(name), self._state_key(name)
         removed = 0
         for i in range(0, len(items), _EXACT_PAGE):
@@ -364,10 +356,10 @@ class EtcdQueues(QueueStore):
                 new[_BYTES] -= sum(len(kv.value) - _AT.size for *_, kv in found)
                 ops: list[Any] = [rpc.PutRequest(key=key, value=_pack(new))]
                 ops += [rpc.DeleteRangeRequest(key=k) for k, *_ in found]
-                if dead is not None:
+                if aside is not None:
                     # A record written earlier (by dead_letter()) is replaced by this one, of the same entry.
                     ops += [rpc.PutRequest(key=self._dead + f"{name}/{marker(seq)}".encode(),
-                                           value=_pack([data, *dead])) for _, seq, data, _ in found]
+                                           value=_pack([data, *aside])) for _, seq, data, _ in found]
                 resp = self._send([_mod_is(key, revision)], ops)
                 if resp.succeeded:
                     self._remember(name, resp.header.revision, new)
@@ -378,16 +370,12 @@ class EtcdQueues(QueueStore):
     def _stats(self, name: str, now: float) -> QueueStats:
         (_, state), (lease,) = self._read(name, rpc.RangeRequest(key=self._locks + name.encode()))
         res = _live(state, now)[_RES]
-        owner = self._holder(lease, now)
+        held = _lease(lease.kvs[0]) if lease.kvs else None
         return QueueStats(state[_ENTRIES], state[_BYTES], len(res), sum(r[0] for r in res.values()),
-                          state[_MAX_BYTES], state[_MAX_ENTRIES], *(owner or (None, None)))
+                          state[_MAX_BYTES], state[_MAX_ENTRIES],
+                          *(held if held is not None and held[1] >= now else (None, None)))
 
     # -- leases -------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _holder(lease: Any, now: float) -> tuple[str, float] | None:
-        held = _lease(lease.kvs[0]) if lease.kvs else None
-        return None if held is None or held[1] < now else held
 
     def _lock(self, name: str, owner: str, now: float, until: float) -> bool:
         key = self._locks + name.encode()
@@ -413,10 +401,6 @@ class EtcdQueues(QueueStore):
         if not kvs or (_lease(kvs[0]) or ("",))[0] != owner:
             return False
         return self._send([_mod_is(key, kvs[0].mod_revision)], [rpc.DeleteRangeRequest(key=key)]).succeeded
-
-    def _owner(self, name: str, now: float) -> tuple[str, float] | None:
-        _, (lease,) = self._read(name, rpc.RangeRequest(key=self._locks + name.encode()))
-        return self._holder(lease, now)
 
     # -- dead letters ---------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from ..backends import foreign
 from ..backends.redis import ProcessClient, open_client, redacted, redis_errors, server_location
 from ..errors import ConfigError, ForeignRecord, QueueFull, QueueNotFound, ReservationNotFound
 from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
-from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
+from .api import Aside, DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
 from .readback import dead_letter, foreign_entry, named_records, queue_meta, queue_names
 
 __all__ = ["RedisQueues"]
@@ -442,6 +442,14 @@ class RedisQueues(QueueStore):
         with self._errors(what):
             return c.scripts[script](keys=keys, args=args)
 
+    def _on_queue(self, script: str, what: str, name: str, kinds: str, args: list[Any]) -> Any:
+        """:meth:`_run` on the keys of ``kinds`` (one letter each) of queue ``name``; QueueNotFound
+        when the script answers that there is no queue."""
+        res = self._run(script, what, self._keys(name, *kinds), args)
+        if res == _MISSING:
+            raise QueueNotFound(f"no queue {name!r}")
+        return res
+
     def _read_meta(self, name: str, what: str, read: Callable[[_Client], Any], decode: Callable[[Any], T]) -> T:
         """``decode(read(client))`` of queue ``name``'s metadata; ForeignRecord (counted) when
         a key of the queue has the wrong Redis type or its fields do not decode."""
@@ -497,9 +505,6 @@ class RedisQueues(QueueStore):
 
     # -- writers ----------------------------------------------------------------------------
 
-    def _reserve(self, name: str, size: int, now: float) -> str:
-        return self._reserve_many(name, [size], now)[0]
-
     def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]:
         c = self._client.get()
         ns = self._ns
@@ -513,9 +518,6 @@ class RedisQueues(QueueStore):
         if res == _MISSING:
             raise QueueNotFound(f"no queue {name!r}")
         raise QueueFull(name, f"no room for {len(sizes)} reservation(s) of {sum(sizes)} bytes")
-
-    def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str:
-        return self._commit_many(name, [(res_id, data)], now)[0]
 
     def _commit_many(self, name: str, items: list[tuple[str, bytes]], now: float) -> list[str]:
         c = self._client.get()
@@ -539,17 +541,12 @@ class RedisQueues(QueueStore):
             f"queue {name}: reservation {res_id!r} is unknown (committed, aborted, expired or never made)")
 
     def _abort(self, name: str, res_id: str, now: float) -> bool:
-        res = self._run("abort", f"abort in {name}", self._keys(name, "m", "r"), [res_id, repr(now)])
-        if res == _MISSING:
-            raise QueueNotFound(f"no queue {name!r}")
-        return bool(res)
+        return bool(self._on_queue("abort", f"abort in {name}", name, "mr", [res_id, repr(now)]))
 
     # -- the owner ----------------------------------------------------------------------------
 
     def _list(self, name: str, max: int, after: int) -> tuple[list[QueueEntry], bool]:
-        rows = self._run("list", f"list {name}", self._keys(name, "m", "e"), [f"{after + 1}-0", max + 1])
-        if rows == _MISSING:
-            raise QueueNotFound(f"no queue {name!r}")
+        rows = self._on_queue("list", f"list {name}", name, "me", [f"{after + 1}-0", max + 1])
         out = []
         key = self._keys(name, "e")[0]
         for sid, fields in rows[:max]:
@@ -562,25 +559,18 @@ class RedisQueues(QueueStore):
         return out, len(rows) > max
 
     def _remove(self, name: str, up_to: int) -> int:
-        n = self._run("remove", f"remove from {name}", self._keys(name, "m", "e"), [f"{up_to}-0", f"{up_to + 1}-0"])
-        if n == _MISSING:
-            raise QueueNotFound(f"no queue {name!r}")
-        return n
+        removed: int = self._on_queue("remove", f"remove from {name}", name, "me", [f"{up_to}-0", f"{up_to + 1}-0"])
+        return removed
 
-    def _remove_ids(self, name: str, what: str, args: list[Any]) -> int:
-        n = self._run("remove_ids", f"{what} in {name}", self._keys(name, "m", "e", "d"), args)
-        if n == _MISSING:
-            raise QueueNotFound(f"no queue {name!r}")
-        return n
-
-    def _remove_markers(self, name: str, seqs: list[int]) -> int:
-        return self._remove_ids(name, "remove", [1, *(f"{s}-0" for s in seqs)])
-
-    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int:
-        args: list[Any] = [3]
-        for seq, data in items:
-            args += (f"{seq}-0", marker(seq), msgpack.packb([data, reason, now]))
-        return self._remove_ids(name, "set aside", args)
+    def _remove_exact(self, name: str, items: list[tuple[int, bytes | None]], aside: Aside | None) -> int:
+        if aside is None:
+            what, args = "remove", [1, *(f"{s}-0" for s, _ in items)]
+        else:
+            what, args = "set aside", [3]
+            for seq, data in items:
+                args += (f"{seq}-0", marker(seq), msgpack.packb([data, *aside]))
+        removed: int = self._on_queue("remove_ids", f"{what} in {name}", name, "med", args)
+        return removed
 
     def _stats(self, name: str, now: float) -> QueueStats:
         keys = self._keys(name, "m", "r", "e")
@@ -593,10 +583,7 @@ class RedisQueues(QueueStore):
     # -- leases -----------------------------------------------------------------------------------
 
     def _lock(self, name: str, owner: str, now: float, until: float) -> bool:
-        res = self._run("lock", f"lock {name}", self._keys(name, "m"), [owner, repr(now), repr(until)])
-        if res == _MISSING:
-            raise QueueNotFound(f"no queue {name!r}")
-        return bool(res)
+        return bool(self._on_queue("lock", f"lock {name}", name, "m", [owner, repr(now), repr(until)]))
 
     def _unlock(self, name: str, owner: str) -> bool:
         return bool(self._run("unlock", f"unlock {name}", self._keys(name, "m"), [owner]))
@@ -612,11 +599,8 @@ class RedisQueues(QueueStore):
     # -- dead letters ---------------------------------------------------------------------------
 
     def _dead_letter(self, name: str, marker: str, data: bytes, reason: str, now: float) -> bool:
-        res = self._run("dead_letter", f"dead letter in {name}", self._keys(name, "m", "d"),
-                        [marker, msgpack.packb([data, reason, now])])
-        if res == _MISSING:
-            raise QueueNotFound(f"no queue {name!r}")
-        return bool(res)
+        return bool(self._on_queue("dead_letter", f"dead letter in {name}", name, "md",
+                                   [marker, msgpack.packb([data, reason, now])]))
 
     def _list_dead_letters(self, name: str | None, max: int) -> list[DeadLetter]:
         c = self._client.get()
@@ -670,7 +654,7 @@ class RedisQueues(QueueStore):
 
     # -- records -----------------------------------------------------------------------------------
 
-    def _record_op(self, what: str, fn: Callable[[redis.Redis, str], Any], kind: str) -> Any:
+    def _record_op(self, what: str, fn: Callable[[redis.Redis, str], T], kind: str) -> T:
         c = self._client.get()
         with self._errors(what):
             return fn(c.r, f"{self._ns}rec:{kind}")
@@ -679,7 +663,7 @@ class RedisQueues(QueueStore):
         self._record_op(f"put {kind}/{name}", lambda r, h: r.hset(h, name, data), kind)
 
     def _get_record(self, kind: str, name: str) -> bytes | None:
-        return self._record_op(f"get {kind}/{name}", lambda r, h: r.hget(h, name), kind)
+        return self._record_op(f"get {kind}/{name}", lambda r, h: cast("bytes | None", r.hget(h, name)), kind)
 
     def record_key(self, kind: str, name: str) -> str:
         """See :meth:`QueueStore.record_key`."""

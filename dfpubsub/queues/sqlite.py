@@ -22,13 +22,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from ..backends import foreign
-from ..backends.sqlite import SqliteDb, file_location
+from ..backends.sqlite import Row, SqliteDb, file_location
 from ..errors import QueueFull, QueueNotFound, ReservationNotFound
 from ..store.outbox import Outbox, SqliteOutbox, versioned
-from .api import DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, check_name, marker
+from .api import Aside, DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, check_name, marker
 from .readback import foreign_entry, queue_meta
 
 __all__ = ["SqliteQueues"]
@@ -132,6 +132,25 @@ _LEASE_FREE = ("(owner IS NULL OR typeof(owner) != 'text' OR typeof(owner_until)
                "OR owner_until < :now OR owner_until > 1e12)")
 
 
+class _Reservation(TypedDict):
+    """The named parameters of _RESERVE."""
+
+    id: str
+    size: int
+    now: float
+    name: str
+
+
+class _Commit(TypedDict):
+    """The named parameters of _COMMIT: the entry ``data`` of reservation ``id``."""
+
+    size: int
+    now: float
+    data: bytes
+    id: str
+    name: str
+
+
 def _count(value: object) -> int:
     """A counter or bound of a queue's row; a decoding error (foreign) otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -149,7 +168,7 @@ def _info(name: str, max_bytes: object, max_entries: object, stale_after: object
     return QueueInfo(name, _count(max_bytes), _count(max_entries), _time(stale_after), _time(created_at))
 
 
-def _stats_of(row: tuple, now: float) -> QueueStats:
+def _stats_of(row: Row, now: float) -> QueueStats:
     entries, size, n, reserved, max_bytes, max_entries, owner, until = row
     held: tuple[str | None, float | None] = (None, None)
     lease = None if owner is None else foreign.decode("queue_lease", "q_queues.owner", _lease, owner, until)
@@ -294,16 +313,16 @@ class SqliteQueues(QueueStore):
         return _Outbox(self.location, entries, self.clock())
 
     def _reserve(self, name: str, size: int, now: float) -> str:
-        args = {"id": os.urandom(8).hex(), "size": size, "now": now, "name": name}
+        args: _Reservation = {"id": os.urandom(8).hex(), "size": size, "now": now, "name": name}
         if self._run(lambda c: c.execute(_RESERVE, args).rowcount):
-            return str(args["id"])
+            return args["id"]
         return self._reserve_rows(name, [args], now)[0]
 
     def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]:
         return self._reserve_rows(name, [{"id": os.urandom(8).hex(), "size": s, "now": now, "name": name}
                                          for s in sizes], now)
 
-    def _reserve_rows(self, name: str, rows: list[dict], now: float) -> list[str]:
+    def _reserve_rows(self, name: str, rows: list[_Reservation], now: float) -> list[str]:
         """All ``rows`` or none, in one transaction after a sweep of the expired reservations."""
 
         def run(conn: sqlite3.Connection) -> None:
@@ -322,7 +341,7 @@ class SqliteQueues(QueueStore):
         return [r["id"] for r in rows]
 
     def _commit(self, name: str, res_id: str, data: bytes, now: float) -> str:
-        args = {"size": len(data), "now": now, "data": data, "id": res_id, "name": name}
+        args: _Commit = {"size": len(data), "now": now, "data": data, "id": res_id, "name": name}
         # fetchall: the statement must run to its end to commit.
         rows = self._run(lambda c: c.execute(_COMMIT, args).fetchall())
         if rows:
@@ -330,7 +349,7 @@ class SqliteQueues(QueueStore):
         return self._commit_rows(name, [args])[0]
 
     def _commit_many(self, name: str, items: list[tuple[str, bytes]], now: float) -> list[str]:
-        rows = [{"size": len(d), "now": now, "data": d, "id": r, "name": name} for r, d in items]
+        rows: list[_Commit] = [{"size": len(d), "now": now, "data": d, "id": r, "name": name} for r, d in items]
 
         def run(conn: sqlite3.Connection) -> list[str]:
             conn.execute(_SWEEP, (name, now))  # expired reservations neither count nor commit
@@ -345,7 +364,7 @@ class SqliteQueues(QueueStore):
         except _Refused:
             return self._commit_rows(name, rows)
 
-    def _commit_rows(self, name: str, rows: list[dict]) -> list[str]:
+    def _commit_rows(self, name: str, rows: list[_Commit]) -> list[str]:
         """The slow path: commit ``rows`` after a sweep, all or none; else raise why the first
         refused one was. A savepoint undoes the commits of a refused batch and keeps the sweep."""
 
@@ -366,7 +385,7 @@ class SqliteQueues(QueueStore):
             raise got
         return got
 
-    def _refusal(self, conn: sqlite3.Connection, name: str, args: dict) -> Exception:
+    def _refusal(self, conn: sqlite3.Connection, name: str, args: _Commit) -> Exception:
         """Why a commit was refused, after the sweep (so an expired reservation is an unknown one)."""
         res = conn.execute("SELECT size FROM q_reservations WHERE queue = ? AND id = ?",
                            (name, args["id"])).fetchone()
@@ -378,8 +397,8 @@ class SqliteQueues(QueueStore):
 
     def _abort(self, name: str, res_id: str, now: float) -> bool:
         def run(conn: sqlite3.Connection) -> bool:
-            row = conn.execute("DELETE FROM q_reservations WHERE queue = ? AND id = ? RETURNING expires_at",
-                               (name, res_id)).fetchall()
+            row: list[tuple[float]] = conn.execute(
+                "DELETE FROM q_reservations WHERE queue = ? AND id = ? RETURNING expires_at", (name, res_id)).fetchall()
             if not row:
                 self._require(conn, name)
                 return False
@@ -415,34 +434,29 @@ class SqliteQueues(QueueStore):
 
         return self._run(run)
 
-    def _remove_markers(self, name: str, seqs: list[int]) -> int:
+    def _remove_exact(self, name: str, items: list[tuple[int, bytes | None]], aside: Aside | None) -> int:
+        delete = "DELETE FROM q_entries WHERE queue = ? AND seq = ?"
+
         def run(conn: sqlite3.Connection) -> int:
-            n = conn.executemany("DELETE FROM q_entries WHERE queue = ? AND seq = ?",
-                                 [(name, s) for s in seqs]).rowcount
+            if aside is None:
+                n = conn.executemany(delete, [(name, s) for s, _ in items]).rowcount
+            else:
+                n = 0
+                for seq, data in items:
+                    if conn.execute(delete, (name, seq)).rowcount:
+                        n += 1
+                        conn.execute("INSERT INTO q_dead_letters VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                     (name, marker(seq), aside.reason, aside.at, data))
             if not n:
                 self._require(conn, name)
             return n
 
         return self._tx(run)
 
-    def _set_aside(self, name: str, items: list[tuple[int, bytes]], reason: str, now: float) -> int:
-        def run(conn: sqlite3.Connection) -> int:
-            moved = 0
-            for seq, data in items:
-                if conn.execute("DELETE FROM q_entries WHERE queue = ? AND seq = ?", (name, seq)).rowcount:
-                    moved += 1
-                    conn.execute("INSERT INTO q_dead_letters VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                                 (name, marker(seq), reason, now, data))
-            if not moved:
-                self._require(conn, name)
-            return moved
-
-        return self._tx(run)
-
     def _stats(self, name: str, now: float) -> QueueStats:
-        def run(conn: sqlite3.Connection) -> tuple:
+        def run(conn: sqlite3.Connection) -> Row:
             conn.execute(_SWEEP, (name, now))
-            row = conn.execute(_STATS, (name,)).fetchone()
+            row: Row | None = conn.execute(_STATS, (name,)).fetchone()
             if row is None:
                 raise QueueNotFound(f"no queue {name!r}")
             return row
@@ -491,7 +505,7 @@ class SqliteQueues(QueueStore):
 
     def _list_dead_letters(self, name: str | None, max: int) -> list[DeadLetter]:
         sql = "SELECT queue, marker, data, reason, at FROM q_dead_letters"
-        args: tuple = (max,)
+        args: tuple[str | int, ...] = (max,)
         if name is not None:
             sql, args = sql + " WHERE queue = ?", (name, max)
         rows = self._run(lambda c: c.execute(sql + " ORDER BY queue, marker LIMIT ?", args).fetchall())

@@ -13,57 +13,21 @@ aetcd nor redis installed.
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
-from ..errors import ConfigError, StoreUnavailable
+from ..backends.sqlite import sqlite_path
+from ..errors import ConfigError
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 from .feed import FeedEntry, FeedReader, FeedRetention
 
 if TYPE_CHECKING:
     from ..config import Settings
 
-__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "open_store_from_settings", "require_sqlite_file",
-           "sqlite_path",
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "open_store_from_settings",
            "DEFAULT_MAX_VALUE_BYTES", "FeedEntry", "FeedReader", "FeedRetention"]
-
-
-def sqlite_path(url: str) -> str:
-    """The file of a ``sqlite:`` URL, as SQLAlchemy and oslo.db read them.
-
-    ``sqlite:///relative/nb.sqlite`` is relative to the working directory,
-    ``sqlite:////abs/nb.sqlite`` absolute, ``sqlite:///:memory:`` private and
-    in memory. For the older reading, where three slashes meant an absolute
-    path: a relative path whose folder does not exist while ``/folder`` does
-    is taken as absolute, with a DeprecationWarning (write four slashes).
-    ConfigError without a path.
-    """
-    if not url.startswith("sqlite:///"):
-        raise ConfigError(f"sqlite URL must start with sqlite:/// (relative) or sqlite://// (absolute): {url!r}")
-    path = url[len("sqlite:///"):]
-    if path == ":memory:":
-        return path
-    if not path:
-        raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:////var/lib/dfpubsub/nb.sqlite: {url!r}")
-    folder = os.path.dirname(path)
-    if folder and not os.path.isabs(path) and not os.path.isdir(folder) and os.path.isdir("/" + folder):
-        warnings.warn(f"{url} names {path} in the missing folder {folder}; using /{path} as older versions "
-                      f"did. Write sqlite:////{path} for an absolute path.", DeprecationWarning, stacklevel=2)
-        return "/" + path
-    return path
-
-
-def require_sqlite_file(url: str) -> None:
-    """For commands that only read: StoreUnavailable, naming the file, if ``url`` is a SQLite
-    database that does not exist (opening it would create an empty one)."""
-    if url.startswith("sqlite:"):
-        path = sqlite_path(url)
-        if path != ":memory:" and not os.path.exists(path):
-            raise StoreUnavailable(f"no database at {os.path.abspath(path)} ({url}); nothing to read")
 
 
 def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:

@@ -215,7 +215,7 @@ class Store(abc.ABC):
 
     def _encode(self, table: str, key: str, value: Any) -> bytes:
         try:
-            blob = msgpack.packb(value)
+            blob: bytes = msgpack.packb(value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidValue(f"{table}/{key}: value is not serialisable: {exc}") from exc
         if len(blob) > self.max_value_bytes:

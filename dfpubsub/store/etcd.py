@@ -5,7 +5,8 @@ asyncio-only, and running it on a private loop in a daemon thread (as this
 module once did) cost each call two thread wake-ups, about 0.2 ms: a quarter of
 an etcd write on loopback. A synchronous channel is thread-safe and needs no
 loop, so only aetcd's generated stubs and protobuf messages are used. The
-channel is created on first use; it is closed just before ``os.fork()``, once
+channel is a :class:`~dfpubsub.backends.etcd.EtcdConnection` (shared with the
+etcd queues): created on first use; closed just before ``os.fork()``, once
 the calls in flight have ended (gRPC does not survive a fork with a call
 inside it), and reopened on the next call, in the parent and in the child. A
 channel that failed is closed, so the next call reconnects (to the next
@@ -36,19 +37,16 @@ only.
 
 from __future__ import annotations
 
-import os
-import threading
-import weakref
-from collections.abc import Callable, Iterable
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ..backends import foreign
-from ..backends.etcd import CHANNEL_OPTIONS, UNAVAILABLE, answers, open_channel, parse_endpoints, status_code, txn
-from ..errors import AlreadyExists, NotFound, StoreError, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
+from ..backends.etcd import EtcdConnection, status_code, txn
+from ..errors import AlreadyExists, NotFound, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .etcd_feed import EtcdFeedReader
@@ -57,33 +55,10 @@ from .outbox import Outbox
 
 __all__ = ["EtcdStore"]
 
-T = TypeVar("T")
 _PAGE_KEYS = 5000
 #: Objects per Txn of get_many: two reads each, within etcd's default --max-txn-ops of 128.
 _TXN_OBJECTS = 64
 
-
-# gRPC cannot fork while a thread is inside it (the child crashes or hangs), so every store of
-# this process closes its channel just before a fork, waits for its calls to end and holds its
-# lock until the fork is done; both sides then reopen the channel lazily. (gRPC's own threads
-# can still, rarely, hang a child forked while other threads were mid-call: fork before them.)
-_STORES: weakref.WeakSet[EtcdStore] = weakref.WeakSet()
-_FORKING: list[EtcdStore] = []
-
-
-def _before_fork() -> None:
-    for store in list(_STORES):
-        store._lock.acquire()
-        _FORKING.append(store)
-        store._close_locked()
-
-
-def _after_fork() -> None:
-    while _FORKING:
-        _FORKING.pop()._lock.release()
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
 def _exists(key: bytes, expected: int | None = None) -> list[rpc.Compare]:
@@ -140,104 +115,17 @@ class EtcdStore(Store):
         self.url = url
         self.prefix = prefix
         self.timeout = timeout
-        self._endpoints = parse_endpoints(url)
-        self._endpoint = 0  # index of the endpoint in use; moves on after a failure
+        self._conn = EtcdConnection(url, timeout)
         self._root = f"/{prefix}/nb/".encode()
         self._topic_root = f"/{prefix}/nbtopic/".encode()
-        self._lock = threading.Condition(threading.Lock())  # guards the fields below
-        self._pid = -1
-        self._channel: grpc.Channel | None = None
-        self._kv: Any = None  # rpc.KVStub of _channel
-        self._calls = 0  # calls in flight, on any channel
-        self._draining = False  # close() waits for the calls in flight: new ones wait too
-        self._orphans: list[object] = []  # a forked child's copies of the parent's channel: never closed
-        _STORES.add(self)
 
     # -- plumbing ------------------------------------------------------------------------
 
-    def _call(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(kv_stub)``; gRPC failures become StoreUnavailable / StoreError.
-
-        ``fn`` makes RPCs only, each with a deadline of ``timeout``.
-        """
-        with self._lock:
-            if self._pid != os.getpid():  # first call, or forked without our hook: the parent's calls
-                if self._channel is not None:  # and channel are not ours
-                    self._orphans.append(self._channel)
-                self._channel, self._calls, self._draining, self._pid = None, 0, False, os.getpid()
-            self._lock.wait_for(lambda: not self._draining)
-            if self._channel is None:
-                self._channel = self._open()
-                self._kv = rpc.KVStub(self._channel)
-            channel, kv = self._channel, self._kv
-            self._calls += 1
-        error: StoreError
-        try:
-            try:
-                return fn(kv)
-            except grpc.RpcError as exc:
-                error = self._error(channel, exc)
-            except ValueError:  # gRPC refuses a call on a channel that close() or a failure closed
-                error = StoreUnavailable(f"etcd store {self.url} was closed (or the process forked) during the call")
-            # Not chained to gRPC's error, and without our references: gRPC's call and channel are
-            # freed here, before the call counts as ended, so that no thread is inside gRPC at a fork.
-            del channel, kv
-        finally:
-            with self._lock:
-                self._calls -= 1
-                if not self._calls:
-                    self._lock.notify_all()
-        raise error
-
-    def _error(self, channel: grpc.Channel, exc: grpc.RpcError) -> StoreError:
-        """What a failed RPC means. A lost or slow server: the channel is closed (unless another call
-        already did so) and the next call connects to the next endpoint."""
-        code = status_code(exc)
-        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        where = self._where()
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            details = f"no answer within {self.timeout}s"
-        if code is not None and code not in UNAVAILABLE:
-            return StoreError(f"etcd at {where} refused the request: {code.name}: {details}")
-        with self._lock:
-            if channel is self._channel:
-                self._channel = self._kv = None
-                if channel is not None:
-                    channel.close()
-                self._endpoint = (self._endpoint + 1) % len(self._endpoints)
-        return StoreUnavailable(f"etcd at {where} is unavailable: {details}")
-
     def _where(self) -> str:
-        host, port = self._endpoints[self._endpoint]
-        return f"{host}:{port}"
-
-    def _open(self) -> grpc.Channel:
-        first, n = self._endpoint, len(self._endpoints)
-        for i in range(n):
-            self._endpoint = (first + i) % n
-            channel = open_channel(self._where(), CHANNEL_OPTIONS)
-            if n == 1 or answers(channel, self.timeout / n):  # several: take the first that answers
-                return channel  # one: gRPC connects on the first call
-            channel.close()
-        raise StoreUnavailable(f"none of the etcd endpoints of {self.url} answered")
+        return self._conn.where()
 
     def close(self) -> None:
-        with self._lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        """Close the channel and wait (up to ``timeout``) for the calls in flight, which it cancels."""
-        channel, self._channel, self._kv = self._channel, None, None
-        if channel is None:
-            return
-        if self._pid != os.getpid():  # the parent's: its calls do not exist here
-            self._orphans.append(channel)
-            return
-        channel.close()  # callers still waiting get StoreUnavailable
-        self._draining = True
-        self._lock.wait_for(lambda: not self._calls, self.timeout)
-        self._draining = False
-        self._lock.notify_all()
+        self._conn.close()
 
     # -- etcd operations ----------------------------------------------------------------
 
@@ -247,7 +135,7 @@ class EtcdStore(Store):
         return self._root + name, self._topic_root + name
 
     def _commit(self, request: rpc.TxnRequest) -> Any:
-        return self._call(lambda kv: kv.Txn(request, timeout=self.timeout))
+        return self._conn.commit(request)
 
     def _write(self, request: rpc.TxnRequest) -> Any:
         """Commit a write; a lost answer is WriteOutcomeUnknown (etcd may have applied it)."""
@@ -298,7 +186,7 @@ class EtcdStore(Store):
                     if status_code(exc) != grpc.StatusCode.OUT_OF_RANGE or attempts == 3:
                         raise
 
-        pages, topic_pages, revision = self._call(run)
+        pages, topic_pages, revision = self._conn.call(run)
         skip = len(self._topic_root)
         named: dict[bytes, str | None] = {}
         for kvs in topic_pages:
@@ -425,7 +313,7 @@ class EtcdStore(Store):
         return EtcdFeedReader(self, after)
 
     def _feed_head(self) -> int:
-        return int(self._call(lambda kv: kv.Range(rpc.RangeRequest(key=self._root, limit=1, keys_only=True),
+        return int(self._conn.call(lambda kv: kv.Range(rpc.RangeRequest(key=self._root, limit=1, keys_only=True),
                                                    timeout=self.timeout)).header.revision)
 
     def _read_feed(self, after: int, limit: int, wait: float) -> tuple[list[FeedEntry], int]:

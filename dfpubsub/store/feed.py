@@ -78,7 +78,7 @@ def parse_entry(revision: object, topic: object, table: object, key: object, act
     if isinstance(revision, bytes):
         revision = revision.decode("ascii", "replace")
     try:
-        rev = int(revision)  # type: ignore[call-overload]
+        rev = int(revision)  # type: ignore[call-overload]  # anything a foreign writer left: int() tells
     except (TypeError, ValueError):
         return None
     return FeedEntry(rev, topic, table, key, act) if rev > 0 else None

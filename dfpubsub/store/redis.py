@@ -553,7 +553,7 @@ class RedisStore(Store):
                 start = b"(" + page[-1][0]
             if young is not None:
                 removed += int(c.r.xtrim(self._feed, minid=young, approximate=False))
-            elif page or start != "-":  # every entry is too old
+            elif page or start != b"-":  # every entry is too old
                 removed += int(c.r.xtrim(self._feed, maxlen=0, approximate=False))
         return removed
 
@@ -564,7 +564,7 @@ class RedisStore(Store):
 def _float(raw: object) -> float:
     """A number field of a feed entry; a foreign one counts as infinitely young (never dropped by age)."""
     try:
-        return float(raw)  # type: ignore[arg-type]
+        return float(raw)  # type: ignore[arg-type]  # anything a foreign writer left: float() tells
     except (TypeError, ValueError):
         return float("inf")
 

@@ -147,7 +147,7 @@ def _marks(n: int) -> str:
     return ",".join(f"?{i}" for i in range(2, n + 2))
 
 
-def _objects(rows: list[tuple], table: str) -> list[VersionedObject]:
+def _objects(rows: list[tuple[Any, ...]], table: str) -> list[VersionedObject]:
     """The objects of ``table`` from its (topic or NULL, key, version, value) rows, foreign rows skipped."""
     # A resync's hot loop, a million rows and more: the type checks and decode_value are
     # inlined (a Python call per row cost a fifth of the loop), and tuple.__new__ skips the
@@ -195,7 +195,7 @@ class SqliteStore(Store):
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._db.transaction(fn)
 
-    def _read(self, sql: str, args: tuple) -> list[tuple]:
+    def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return self._db.fetchall(sql, args, "read")
 
     def _get(self, table: str, key: str) -> VersionedObject | None:
@@ -209,11 +209,11 @@ class SqliteStore(Store):
         tail = "" if topics is None else f" AND topic IN ({_marks(len(topics))})"
         return self._objects_of(self._at_revision(_SELECT + tail, tables, tuple(topics or ()))[0])
 
-    def _at_revision(self, sql: str, tables: Iterable[str], args: tuple) -> tuple[dict[str, list[tuple]], int]:
+    def _at_revision(self, sql: str, tables: Iterable[str], args: tuple[Any, ...]) -> tuple[dict[str, list[tuple[Any, ...]]], int]:
         """Rows of ``sql`` for each of ``tables`` (``?1``, then ``args``) and the revision, in one
         read transaction."""
 
-        def read(conn: sqlite3.Connection) -> tuple[dict[str, list[tuple]], int]:
+        def read(conn: sqlite3.Connection) -> tuple[dict[str, list[tuple[Any, ...]]], int]:
             conn.execute("BEGIN")
             try:
                 revision = conn.execute("SELECT value FROM nb_meta WHERE name = 'revision'").fetchone()[0]
@@ -224,7 +224,7 @@ class SqliteStore(Store):
         return self._db.run(read, "list")
 
     @staticmethod
-    def _objects_of(rows: dict[str, list[tuple]]) -> list[VersionedObject]:
+    def _objects_of(rows: dict[str, list[tuple[Any, ...]]]) -> list[VersionedObject]:
         """The objects of each table's rows, in one list."""
         out: list[VersionedObject] = []
         for table, table_rows in rows.items():
@@ -284,7 +284,7 @@ class SqliteStore(Store):
     # Each write is the revision bump plus one statement whose RETURNING says whether it
     # applied; a refused write raises and _write rolls the bump back.
 
-    def _statement(self, sql: str, args: tuple, outbox: Outbox | None) -> tuple | None:
+    def _statement(self, sql: str, args: tuple[Any, ...], outbox: Outbox | None) -> tuple[Any, ...] | None:
         """Run one write statement; its RETURNING row (the version first) or None.
 
         Alone it is autocommitted; with an outbox, the outbox appends in the
@@ -295,7 +295,7 @@ class SqliteStore(Store):
             rows = self._db.fetchall(sql, args, "write")
             row = rows[0] if rows else None
         else:
-            def run(conn: sqlite3.Connection) -> tuple | None:
+            def run(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
                 rows = conn.execute(sql, args).fetchall()
                 if rows:
                     cast(SqliteOutbox, outbox).apply(conn, rows[0][0])
@@ -373,7 +373,7 @@ class SqliteStore(Store):
                 return self._feed_page(after, limit)
 
     def _feed_page(self, after: int, limit: int) -> tuple[list[FeedEntry], int]:
-        def run(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
+        def run(conn: sqlite3.Connection) -> tuple[list[tuple[Any, ...]], int]:
             conn.execute("BEGIN")  # one snapshot for the entries and the horizon
             try:
                 return conn.execute(_FEED_READ, (after, limit)).fetchall(), conn.execute(_FEED_HORIZON).fetchone()[0]

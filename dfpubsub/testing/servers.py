@@ -14,9 +14,11 @@ import signal
 import socket
 import ssl
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
+from typing import NoReturn, Self
+
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 __all__ = ["ServerProcess", "EtcdServer", "RedisServer", "TestCertificates", "free_port"]
 
@@ -25,7 +27,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+    return port
 
 
 class ServerProcess:
@@ -41,7 +44,7 @@ class ServerProcess:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
         raise NotImplementedError
@@ -49,18 +52,27 @@ class ServerProcess:
     def ready(self) -> bool:
         raise NotImplementedError
 
-    def start(self, timeout: float = 30.0) -> ServerProcess:
+    def start(self, timeout: float = 30.0) -> Self:
         log = open(self.workdir / f"{self.binary}.log", "ab")
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
         log.close()
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.binary} exited with {self.proc.returncode}; see {self.workdir}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.binary} not ready after {timeout}s; see {self.workdir}")
-            time.sleep(0.05)
+
+        def not_ready(_: RetryCallState) -> NoReturn:
+            raise RuntimeError(f"{self.binary} not ready after {timeout}s; see {self.workdir}")
+
+        # Every 50 ms until it answers; a server that exited raises at once (errors are not retried).
+        Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(timeout),
+                 retry_error_callback=not_ready)(self._up)
         return self
+
+    def _up(self) -> bool:
+        """Whether the server answers; RuntimeError when its process is gone."""
+        if self.ready():
+            return True
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.binary} exited with {self.proc.returncode}; see {self.workdir}")
+        return False
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, like a crash."""
@@ -76,7 +88,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def restart(self) -> ServerProcess:
+    def restart(self) -> Self:
         self.kill()
         return self.start()
 
@@ -126,7 +138,8 @@ class EtcdServer(ServerProcess):
         try:
             with urllib.request.urlopen(f"{scheme}://{self.host}:{self.port}/health", timeout=0.5,
                                         context=context) as r:
-                return json.loads(r.read()).get("health") == "true"
+                health: object = json.loads(r.read()).get("health")
+                return health == "true"
         except (OSError, ValueError):
             return False
 

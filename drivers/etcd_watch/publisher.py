@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 import grpc
 from aetcd import rpc
 
+from dfpubsub.backends.etcd import register_fork_hooks, status_code, unregister_fork_hooks
 from dfpubsub.errors import ClosedError, TransportError
 from dfpubsub.metrics import Stats
 from dfpubsub.transport import PublisherTransport
 
-from .connection import LIVE, Conn, Stubs
+from .connection import Stubs, connect
 
 if TYPE_CHECKING:
     from . import EtcdWatchOptions
@@ -38,7 +39,7 @@ class EtcdPublisher(PublisherTransport):
         self.stats = stats
         self._url = url
         self._timeout = opts.timeout
-        self._conn = Conn(url, opts.timeout)
+        self._conn = connect(url, opts.timeout)
         self._root = f"/{opts.prefix}/ps/"
         self._writer = uuid.uuid4().hex[:16]
         self._prefixes: dict[str, bytes] = {}  # topic -> key prefix
@@ -55,7 +56,7 @@ class EtcdPublisher(PublisherTransport):
         self._lost = 0  # envelopes lost with it
         self._closed = False
         self._thread: threading.Thread | None = None
-        LIVE.add(self)
+        register_fork_hooks(self)
 
     @property
     def uri(self) -> str:
@@ -99,8 +100,8 @@ class EtcdPublisher(PublisherTransport):
             self._cond.notify_all()
         if thread is not None:  # it writes what is queued first
             thread.join(2 * self._timeout)
-        self._conn.close()
-        LIVE.discard(self)
+        self._conn.close(final=True)
+        unregister_fork_hooks(self)
 
     def _run(self) -> None:
         while True:
@@ -121,26 +122,26 @@ class EtcdPublisher(PublisherTransport):
 
     def _write(self, batch: list[rpc.PutRequest]) -> None:
         """Write ``batch`` in one request, with the current lease (a new one if it expired meanwhile)."""
+        self._conn.call(lambda stubs: self._put(stubs, batch))
+
+    def _put(self, stubs: Stubs, batch: list[rpc.PutRequest]) -> None:
+        """:meth:`_write` on ``stubs``: a gRPC error is left to the connection's call to map."""
         for attempt in range(2):
-            with self._conn.call() as stubs:
-                try:
-                    if time.monotonic() >= self._lease_due:
-                        self._grant(stubs)
-                    for put in batch:
-                        put.lease = self._lease
-                    if len(batch) == 1:
-                        stubs.kv.Put(batch[0], timeout=self._timeout)
-                    else:
-                        stubs.kv.Txn(rpc.TxnRequest(success=[rpc.RequestOp(request_put=p) for p in batch]),
-                                     timeout=self._timeout)
-                    return
-                except grpc.RpcError as exc:
-                    if attempt == 0 and isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.NOT_FOUND:
-                        self._lease_due = float("-inf")  # the lease expired (etcd was down too long): a new one
-                        continue
-                    raise self._conn.error(stubs, exc) from None
-                except ValueError as exc:
-                    raise self._conn.error(stubs, exc) from None
+            try:
+                if time.monotonic() >= self._lease_due:
+                    self._grant(stubs)
+                for put in batch:
+                    put.lease = self._lease
+                if len(batch) == 1:
+                    stubs.kv.Put(batch[0], timeout=self._timeout)
+                else:
+                    stubs.kv.Txn(rpc.TxnRequest(success=[rpc.RequestOp(request_put=p) for p in batch]),
+                                 timeout=self._timeout)
+                return
+            except grpc.RpcError as exc:
+                if attempt or status_code(exc) != grpc.StatusCode.NOT_FOUND:
+                    raise
+                self._lease_due = float("-inf")  # the lease expired (etcd was down too long): a new one
 
     def _grant(self, stubs: Stubs) -> None:
         now = time.monotonic()
@@ -149,11 +150,12 @@ class EtcdPublisher(PublisherTransport):
             raise TransportError(f"etcd refused a lease: {response.error}")
         self._lease, self._lease_due = response.ID, now + self._rotate
 
-    def _before_fork(self) -> None:
+    def before_fork(self) -> None:
+        """Let the write in flight end, close the channel and hold the queue until :meth:`after_fork`."""
         self._conn.before_fork()
         self._cond.acquire()
 
-    def _after_fork(self, child: bool) -> None:
+    def after_fork(self, child: bool) -> None:
         if child:  # the writer thread did not come along, and what it had queued is the parent's to write
             self._thread, self._queue, self._queued = None, [], 0
         self._cond.release()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections import deque
@@ -13,13 +12,15 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from dfpubsub.backends.etcd import register_fork_hooks, unregister_fork_hooks
 from dfpubsub.errors import ClosedError, TransportError
 from dfpubsub.events import CONTROL_TOPIC
 from dfpubsub.logs import RateLimitedLog
 from dfpubsub.metrics import Stats
+from dfpubsub.retry import Backoff
 from dfpubsub.transport import SubscriberTransport
 
-from .connection import LIVE, Conn, Stubs
+from .connection import Stubs, connect
 
 if TYPE_CHECKING:
     from . import EtcdWatchOptions
@@ -38,7 +39,7 @@ class EtcdSubscriber(SubscriberTransport):
     def __init__(self, url: str, opts: EtcdWatchOptions, stats: Stats):
         self.stats = stats
         self._timeout = opts.timeout
-        self._conn = Conn(url, opts.timeout)
+        self._conn = connect(url, opts.timeout)
         self._root = f"/{opts.prefix}/ps/".encode()
         self._max_pending = opts.max_pending_bytes
         self._resume_at = opts.max_pending_bytes // 2
@@ -53,7 +54,7 @@ class EtcdSubscriber(SubscriberTransport):
         self._watching: grpc.Call | None = None  # the Watch call in progress
         self._thread: threading.Thread | None = None
         self._badlog = RateLimitedLog(log)
-        LIVE.add(self)
+        register_fork_hooks(self)
 
     # -- any thread --------------------------------------------------------------------------
 
@@ -99,23 +100,27 @@ class EtcdSubscriber(SubscriberTransport):
             watching.cancel()
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._timeout)
-        self._conn.close()
-        LIVE.discard(self)
+        self._conn.close(final=True)
+        unregister_fork_hooks(self)
 
     def _current_revision(self, stubs: Stubs | None = None) -> int:
         """etcd's current revision, or 0 if etcd cannot tell now (``stubs``: within a call already)."""
         error: Exception
         try:
-            with contextlib.nullcontext(stubs) if stubs is not None else self._conn.call() as on:
-                try:
-                    return int(on.kv.Range(rpc.RangeRequest(key=self._root), timeout=self._timeout).header.revision)
-                except (grpc.RpcError, ValueError) as exc:
-                    error = self._conn.error(on, exc)
+            if stubs is None:
+                return self._conn.call(self._revision)
+            try:
+                return self._revision(stubs)
+            except (grpc.RpcError, ValueError) as exc:
+                error = self._conn.error(stubs, exc)
         except (TransportError, ClosedError) as exc:
             error = exc
         self._badlog.warning("revision", "cannot read etcd's revision; the watch will start at the current one",
                              error=str(error))
         return 0
+
+    def _revision(self, stubs: Stubs) -> int:
+        return int(stubs.kv.Range(rpc.RangeRequest(key=self._root), timeout=self._timeout).header.revision)
 
     # -- receive thread ----------------------------------------------------------------------
 
@@ -152,7 +157,7 @@ class EtcdSubscriber(SubscriberTransport):
     # -- watch thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = _MIN_BACKOFF
+        backoff = Backoff(_MIN_BACKOFF, _MAX_BACKOFF)
         while True:
             with self._cond:
                 # A watch paused by a full inbox resumes once recv() took half of it.
@@ -162,7 +167,7 @@ class EtcdSubscriber(SubscriberTransport):
                 start = self._next_rev
             try:
                 self._watch(start)
-                backoff = _MIN_BACKOFF
+                backoff.reset()
                 continue
             except (TransportError, ClosedError) as exc:
                 error = exc
@@ -175,14 +180,17 @@ class EtcdSubscriber(SubscriberTransport):
                 self._cond.notify_all()
                 self._badlog.warning("disconnected", "etcd watch failed; resuming at the next revision received",
                                      error=str(error), revision=self._next_rev)
-                self._cond.wait(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF)
+                self._cond.wait(backoff.failed())
 
     def _watch(self, start: int) -> None:
         """Watch from revision ``start`` (0: the current one) until the inbox is full or history is lost.
 
         Raises :class:`TransportError` when the stream fails.
         """
+        self._conn.call(lambda stubs: self._follow(stubs, start))
+
+    def _follow(self, stubs: Stubs, start: int) -> None:
+        """:meth:`_watch` on ``stubs``: a gRPC error is left to the connection's call to map."""
         create = rpc.WatchCreateRequest(key=self._root, range_end=prefix_range_end(self._root),
                                         start_revision=start, filters=[rpc.WatchCreateRequest.NODELETE])
         stop = threading.Event()
@@ -191,26 +199,23 @@ class EtcdSubscriber(SubscriberTransport):
             yield rpc.WatchRequest(create_request=create)
             stop.wait()  # keep our side open: a watch is meant to end only when cancelled
 
-        with self._conn.call() as stubs:
-            call = None
-            try:
-                call = stubs.watch.Watch(requests())
-                with self._cond:
-                    if self._closed or self._forking:
-                        return
-                    self._watching = call
-                for response in call:
-                    if not self._receive(stubs, response, start):
-                        return
-                raise TransportError("etcd ended the watch")
-            except (grpc.RpcError, ValueError) as exc:
-                raise self._conn.error(stubs, exc) from None
-            finally:
-                stop.set()
-                if call is not None:
-                    call.cancel()
-                with self._cond:
-                    self._watching = None
+        call = None
+        try:
+            call = stubs.watch.Watch(requests())
+            with self._cond:
+                if self._closed or self._forking:
+                    return
+                self._watching = call
+            for response in call:
+                if not self._receive(stubs, response, start):
+                    return
+            raise TransportError("etcd ended the watch")
+        finally:
+            stop.set()
+            if call is not None:
+                call.cancel()
+            with self._cond:
+                self._watching = None
 
     def _receive(self, stubs: Stubs, response: Any, start: int) -> bool:
         """Take one watch response; False when the watch must start again."""
@@ -258,7 +263,8 @@ class EtcdSubscriber(SubscriberTransport):
 
     # -- fork ----------------------------------------------------------------------------------
 
-    def _before_fork(self) -> None:
+    def before_fork(self) -> None:
+        """Stop the watch, close the channel and hold the inbox until :meth:`after_fork`."""
         with self._cond:
             self._forking = True
             watching = self._watching
@@ -267,7 +273,7 @@ class EtcdSubscriber(SubscriberTransport):
         self._conn.before_fork()
         self._cond.acquire()
 
-    def _after_fork(self, child: bool) -> None:
+    def after_fork(self, child: bool) -> None:
         if child:  # the watch thread did not come along
             self._closed = True
         self._forking = False

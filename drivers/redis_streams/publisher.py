@@ -13,7 +13,7 @@ from dfpubsub.errors import ClosedError, TransportError
 from dfpubsub.metrics import Stats
 from dfpubsub.transport import PublisherTransport
 
-from .streams import _DISCONNECTED, _Backoff, _public_url, _RateLimit
+from .streams import _DISCONNECTED, _failure_pacing, _public_url
 
 if TYPE_CHECKING:
     from . import RedisStreamsOptions
@@ -45,8 +45,7 @@ class _RedisPublisher(PublisherTransport):
         self._joins_key = f"{opts.prefix}:ps:$joins".encode()
         self._joins: int | None = None
         self._next_poll = 0.0
-        self._backoff = _Backoff()
-        self._warn = _RateLimit()
+        self._backoff, self._warn = _failure_pacing()
         self._closed = False
         try:
             self._joins = self._joins_now()
@@ -73,7 +72,7 @@ class _RedisPublisher(PublisherTransport):
             raise TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}") from exc
         except RedisError as exc:  # an error reply (OOM, WRONGTYPE, ...): the connection is fine
             raise TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}") from exc
-        self._backoff.ok()
+        self._backoff.reset()
         return reply
 
     def _joins_now(self) -> int | None:

@@ -8,7 +8,6 @@ describes a stream (last id, ``entries-added``, length, first id), and
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -20,12 +19,12 @@ from redis.retry import Retry
 
 from dfpubsub.backends.access import redis_access
 from dfpubsub.errors import ConfigError
+from dfpubsub.logs import RateLimitedLog
+from dfpubsub.retry import Backoff
 
 log = logging.getLogger(__package__)  # one logger for the whole driver, as before the split
 
 _SCHEMES = ("redis://", "rediss://", "unix://")
-#: Pause after a failure before the next attempt: doubles from the first to the second.
-_BACKOFF = (0.05, 1.0)
 _DISCONNECTED = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
 
 # KEYS: streams. Per key: {last-generated-id, entries-added (-1 before Redis 7), length, first id};
@@ -76,34 +75,10 @@ def _make_pool(url: str, timeout: float) -> redis.ConnectionPool:
         raise ConfigError(f"invalid Redis URL {_public_url(url)!r}: {exc}") from exc
 
 
-class _Backoff:
-    """When to try again after failures: 50 ms, doubling to 1 s; reset by a success."""
-
-    __slots__ = ("pause", "until")
-
-    def __init__(self) -> None:
-        self.pause = 0.0
-        self.until = 0.0
-
-    def failed(self, now: float) -> None:
-        self.pause = min(_BACKOFF[1], self.pause * 2) if self.pause else _BACKOFF[0]
-        self.until = now + self.pause
-
-    def ok(self) -> None:
-        self.pause = self.until = 0.0
-
-
-class _RateLimit:
-    """Logs one warning per key per second."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-
-    def warning(self, what: str, msg: str, /, **fields: object) -> None:
-        now = time.monotonic()
-        if now - self._last.get(what, float("-inf")) >= 1.0:
-            self._last[what] = now
-            log.warning(msg, extra=fields)
+def _failure_pacing() -> tuple[Backoff, RateLimitedLog]:
+    """A transport's pause after failures (50 ms, doubling to 1 s; reset by a success) and its
+    warnings (one line per key per second)."""
+    return Backoff(0.05, 1.0), RateLimitedLog(log)
 
 
 def _sid(stream_id: bytes) -> tuple[int, int]:
@@ -131,7 +106,7 @@ class _Cursor:
         self.probed = 0.0
 
 
-def _apply_probe(c: _Cursor, row: list[Any], now: float, warn: _RateLimit) -> str | None:
+def _apply_probe(c: _Cursor, row: list[Any], now: float, warn: RateLimitedLog) -> str | None:
     """Update ``c`` from a probe row; return why its history is lost, if it is."""
     last_id, added, length, first = row[0], int(row[1]), int(row[2]), row[3]
     c.probed = now

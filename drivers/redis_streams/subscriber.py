@@ -14,7 +14,7 @@ from dfpubsub.events import CONTROL_TOPIC
 from dfpubsub.metrics import Stats
 from dfpubsub.transport import SubscriberTransport
 
-from .streams import _DISCONNECTED, _PROBE, _apply_probe, _Backoff, _Cursor, _RateLimit, log
+from .streams import _DISCONNECTED, _PROBE, _apply_probe, _Cursor, _failure_pacing, log
 
 if TYPE_CHECKING:
     from . import RedisStreamsOptions
@@ -52,8 +52,7 @@ class _RedisSubscriber(SubscriberTransport):
         self._connected = True
         self._probe_all = False
         self._last_read = time.monotonic()
-        self._backoff = _Backoff()
-        self._warn = _RateLimit()
+        self._backoff, self._warn = _failure_pacing()
 
     # -- subscriptions (any thread) ---------------------------------------------------
 
@@ -118,7 +117,7 @@ class _RedisSubscriber(SubscriberTransport):
                 self.stats.inc("drops", reason="redis_error")
                 return self._after_failure(timeout)
             self._last_read = time.monotonic()
-            self._backoff.ok()
+            self._backoff.reset()
             if not self._connected:
                 self._connected = True
                 log.info("redis subscriber reconnected", extra={"uri": self._uri})

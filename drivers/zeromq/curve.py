@@ -101,7 +101,7 @@ def load_secret_key(path: str) -> str:
     return secret.decode()
 
 
-def serve(sock: zmq.Socket, secret: str, allowed: AllowedKeys | None) -> tuple[str, str]:
+def serve(sock: zmq.Socket[bytes], secret: str, allowed: AllowedKeys | None) -> tuple[str, str]:
     """Make ``sock`` a CURVE server with the Z85 ``secret`` key, letting in only ``allowed`` keys
     when given; (its public key, the ZAP domain to :func:`unguard`, or "")."""
     public = zmq.curve_public(secret.encode())
@@ -111,7 +111,7 @@ def serve(sock: zmq.Socket, secret: str, allowed: AllowedKeys | None) -> tuple[s
     return public.decode(), guard(sock, allowed) if allowed is not None else ""
 
 
-def guard(sock: zmq.Socket, allowed: AllowedKeys) -> str:
+def guard(sock: zmq.Socket[bytes], allowed: AllowedKeys) -> str:
     """Make ``sock``'s CURVE handshakes ask ``allowed``; returns the ZAP domain to :func:`unguard`."""
     global _auth
     with _lock:

@@ -37,7 +37,7 @@ def clear_stale_ipc(path: str) -> None:
     raise TransportError(f"ipc socket {path} is in use by a live process")
 
 
-def bind(sock: zmq.Socket, url: str, ipc_mode: int) -> str:
+def bind(sock: zmq.Socket[bytes], url: str, ipc_mode: int) -> str:
     """Bind ``sock`` to ``url`` and return the bound endpoint.
 
     An ipc socket file gets ``ipc_mode`` (never world-writable by default:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Literal, overload
 
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -76,7 +78,7 @@ class ZmqOptions(BaseModel):
         return self
 
 
-def common_options(sock: zmq.Socket, opts: ZmqOptions) -> None:
+def common_options(sock: zmq.Socket[bytes], opts: ZmqOptions) -> None:
     """Linger and ZMTP heartbeats, as the options say."""
     sock.setsockopt(zmq.LINGER, int(opts.linger * 1000))
     if opts.heartbeat_ivl:
@@ -85,9 +87,15 @@ def common_options(sock: zmq.Socket, opts: ZmqOptions) -> None:
         sock.setsockopt(zmq.HEARTBEAT_TTL, int(opts.heartbeat_timeout * 1000))
 
 
+@overload
 def recv_messages(
-    sock: zmq.Socket, limit: int, stats: Stats, copy: bool = True
-) -> list[tuple[bytes, bytes | memoryview]]:
+    sock: zmq.Socket[bytes], limit: int, stats: Stats, copy: Literal[True] = True
+) -> list[tuple[bytes, bytes]]: ...
+@overload
+def recv_messages(sock: zmq.Socket[bytes], limit: int, stats: Stats, copy: Literal[False]) -> list[tuple[bytes, memoryview]]: ...
+def recv_messages(
+    sock: zmq.Socket[bytes], limit: int, stats: Stats, copy: bool = True
+) -> Sequence[tuple[bytes, bytes | memoryview]]:
     """Up to ``limit`` waiting ``(topic + NUL, envelope)`` messages, without blocking.
 
     With ``copy=False`` an envelope is a memoryview of the received
@@ -118,5 +126,5 @@ def recv_messages(
         if not tf.endswith(b"\x00"):
             stats.inc("decode_errors", reason="bad_frames")
             continue
-        out.append((tf, body.bytes if copy else memoryview(body)))
+        out.append((tf, body.bytes if copy else body.buffer))
     return out

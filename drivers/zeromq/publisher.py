@@ -24,7 +24,7 @@ class ZmqPublisher(PublisherTransport):
     def __init__(self, url: str, opts: ZmqOptions, stats: Stats):
         self.stats = stats
         self._topics: dict[str, bytes] = {}
-        self.sock = zmq.Context.instance().socket(zmq.XPUB)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.XPUB)
         try:
             common_options(self.sock, opts)
             self.sock.setsockopt(zmq.SNDHWM, opts.sndhwm)
@@ -49,24 +49,28 @@ class ZmqPublisher(PublisherTransport):
     def uri(self) -> str:
         return self._uri
 
-    def send(self, topic: str, frame: bytes) -> None:
+    def send(self, topic: str, frame: bytes | memoryview) -> None:
+        # Wider than PublisherTransport.send: the relay also hands on the views WorkerIngress made.
         tf = self._topics.get(topic)
         if tf is None:
             tf = self._topics[topic] = topic_frame(topic)
             self._subscriptions.published.add(tf)
+        data: bytes | memoryview | zmq.Frame = frame
         if type(frame) is memoryview:
             obj = frame.obj
-            if type(obj) is zmq.Frame and frame.nbytes == len(obj):
+            if isinstance(obj, zmq.Frame) and frame.nbytes == len(obj):
                 # A whole frame this driver received (the relay): send the same message,
                 # which ZeroMQ shares by reference count instead of copying.
-                frame = obj  # type: ignore[assignment]
+                data = obj
         try:
-            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            # pyzmq types every option int | bytes; EVENTS is an int (no cast() call on the hot path).
+            events: int = self.sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
+            if events & zmq.POLLIN:
                 # A subscription waits (XPUB_MANUAL): take it first, so that a subscriber that
                 # subscribed before this send gets it, as with automatic subscriptions.
                 self._take_subscriptions()
             self.sock.send(tf, zmq.SNDMORE)
-            self.sock.send(frame)
+            self.sock.send(data)
         except zmq.ZMQError as exc:
             raise TransportError(f"zmq send failed: {exc}") from exc
 

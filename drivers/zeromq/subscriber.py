@@ -28,7 +28,7 @@ class ZmqSubscriber(SubscriberTransport):
     def __init__(self, opts: ZmqOptions, stats: Stats, endpoints: list[str]):
         self.opts = opts
         self.stats = stats
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         own = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
             else opts.curve_client_secret_key
         #: CURVE is on when the subscriber has a publisher key or a key pair of its own; then
@@ -56,8 +56,8 @@ class ZmqSubscriber(SubscriberTransport):
         for ep in endpoints:
             self.connect(ep)
 
-    def _socket(self) -> zmq.Socket:
-        sock = zmq.Context.instance().socket(zmq.SUB)
+    def _socket(self) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
         common_options(sock, self.opts)
         sock.setsockopt(zmq.RCVHWM, self.opts.rcvhwm)
         if self._curve:
@@ -137,7 +137,7 @@ class ZmqSubscriber(SubscriberTransport):
         Not ``zmq_disconnect``, which ends the endpoint's pipe at once: with libzmq 4.3.5 it
         aborted the process (``Assertion failed: !_more (src/fq.cpp:80)``, libzmq's check that
         the frames of a message come from one pipe) in half the runs of
-        tests/functional/test_curve.py on a slow machine, and never after this change. Messages
+        tests/functional/security/test_curve.py on a slow machine, and never after this change. Messages
         in flight from the other publishers are lost with the old socket; the sequence tracker
         sees the gap and resyncs.
         """

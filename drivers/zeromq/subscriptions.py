@@ -34,7 +34,7 @@ _CONTROL = CONTROL_TOPIC.encode() + b"\x00"
 class Subscriptions:
     """Applies the (un)subscriptions an ``XPUB_MANUAL`` socket reads (see the module's doc)."""
 
-    def __init__(self, sock: zmq.Socket, stats: Stats, max_topics: int):
+    def __init__(self, sock: zmq.Socket[bytes], stats: Stats, max_topics: int):
         self.sock = sock
         self.stats = stats
         self.max_topics = max_topics

@@ -80,7 +80,7 @@ class WorkerIngress(IngressTransport):
     def __init__(self, socket_path: str, opts: ZmqOptions, stats: Stats):
         self.opts = opts
         self.stats = stats
-        self.sock = zmq.Context.instance().socket(zmq.PULL)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         common_options(self.sock, opts)
         self.sock.setsockopt(zmq.RCVHWM, opts.rcvhwm)
         self._zap_domain = ""

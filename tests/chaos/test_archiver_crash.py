@@ -14,7 +14,7 @@ from dfpubsub import Publisher, PublisherOptions, load_driver  # noqa: E402
 from dfpubsub.archive import JOURNAL_DIR, read_journal  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
 from tests.conftest import free_port, wait_for  # noqa: E402
-from tests.functional.archiver_helpers import ArchiverProcess, journal_files, journaled, published_rows  # noqa: E402
+from tests.functional.pipeline.archiver_helpers import ArchiverProcess, journal_files, journaled, published_rows  # noqa: E402
 
 
 def on_disk(log):

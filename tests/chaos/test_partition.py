@@ -26,7 +26,7 @@ from dfpubsub.store import open_store
 from dfpubsub.testing.servers import EtcdServer, RedisServer, free_port
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import Node
-from tests.functional.feed_helpers import FeedThread
+from tests.functional.feed.feed_helpers import FeedThread
 
 _prefix = itertools.count()
 

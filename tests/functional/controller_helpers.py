@@ -6,6 +6,7 @@ from dfpubsub import SubscriberOptions, load_driver
 from dfpubsub.controller import Controller, ControllerOptions
 from dfpubsub.errors import StoreUnavailable
 from dfpubsub.metrics import Stats
+from dfpubsub.tracker import ResyncRequest
 
 TABLES = ["port", "network"]
 
@@ -73,7 +74,7 @@ class Node:
     def __init__(self, store, endpoint, transport=None):
         self.mirrors = {"port": Mirror()}  # the handler protocol on one table...
         self.seen = Seen()  # ...a plain reconciler on the other
-        self.gaps = []
+        self.gaps: list[ResyncRequest] = []
         transport = transport or load_driver("zmq").subscriber(Stats("s", "s"))
         self.ctrl = Controller(store, transport, TABLES, self.mirrors,
                                SubscriberOptions(message_delay_window=0.2, max_idle_time=0.5),

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 __all__ = ["EXE", "base_env", "df_db", "ok", "refused"]
 
-EXE = shutil.which("df-db", path=os.path.dirname(sys.executable))
+EXE = os.path.join(os.path.dirname(sys.executable), "df-db")
 
 
 def base_env(**settings: str) -> dict[str, str]:

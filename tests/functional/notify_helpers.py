@@ -1,8 +1,5 @@
-"""Queues, topics and a running delivery worker for the notification tests."""
-
-import itertools
-
-import pytest
+"""Topics, writes and a running delivery worker for the notification tests (their `queues` fixture is in
+notify/conftest.py); shared with the foreign-records and chaos tests."""
 
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
@@ -10,30 +7,8 @@ from dfpubsub.notify.notification import encode, make_notification
 from dfpubsub.queues import open_queues, shard_for
 from tests.conftest import wait_for
 
-_prefix = itertools.count()
-
 #: Fast timers: leases of a second, renewed five times a second.
 FAST = {"renew_interval": 0.2, "lease": 1.0, "poll_interval": 0.02}
-
-
-def open_backend(kind, tmp_path, shared_redis=None, shared_etcd=None):
-    """Queues on ``kind`` (sqlite, redis or etcd), under a key prefix of their own."""
-    if kind == "sqlite":
-        return open_queues(f"sqlite:///{tmp_path}/queues.sqlite")
-    prefix = f"t{next(_prefix)}-{tmp_path.name[-20:]}"
-    if kind == "redis":
-        return open_queues(f"redis://127.0.0.1:{shared_redis.port}/0", prefix=prefix)
-    return open_queues(f"etcd://127.0.0.1:{shared_etcd.port}", prefix=prefix)
-
-
-@pytest.fixture(params=["sqlite", "redis", "etcd"])
-def queues(request, tmp_path):
-    """Queues on each backend (a fixture: import it into a test module to use it)."""
-    extra = {"redis": "shared_redis", "etcd": "shared_etcd"}.get(request.param)
-    server = request.getfixturevalue(extra) if extra else None
-    q = open_backend(request.param, tmp_path, shared_redis=server, shared_etcd=server)
-    yield q
-    q.close()
 
 
 def make_topic(registry, name, url, **attrs):

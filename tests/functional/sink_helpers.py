@@ -4,6 +4,7 @@ import threading
 
 from dfpubsub import Subscriber, SubscriberOptions
 from dfpubsub.metrics import Stats
+from dfpubsub.tracker import ResyncRequest
 from tests.conftest import undetected
 
 
@@ -17,8 +18,8 @@ class RecordingSink:
 
     def __init__(self, transport, topics, stats=None, resync=True, **opts):
         self.events = []
-        self.resyncs = []
-        self.gaps = []
+        self.resyncs: list[set[str]] = []
+        self.gaps: list[ResyncRequest] = []
         self.lock = threading.Lock()
         self.stats = stats or Stats("subscriber", "sink")
         on_resync = resync if callable(resync) else self.resyncs.append if resync else None

@@ -91,7 +91,7 @@ def test_without_pyzmq_the_driver_and_df_db_without_typer_say_which_extra():
 
 
 def test_sqlite_urls_read_as_sqlalchemy_does(tmp_path, monkeypatch):
-    from dfpubsub.store import sqlite_path
+    from dfpubsub.backends.sqlite import sqlite_path
 
     monkeypatch.chdir(tmp_path)
     assert sqlite_path("sqlite:///nb.sqlite") == "nb.sqlite"

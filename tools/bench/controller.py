@@ -133,8 +133,10 @@ def run_direct(store: Any, target: Target, cost: float) -> tuple[float, float, f
         spin(cost)
         target.reached(obj.table, obj.key, obj.version)
 
-    sub = Subscriber(transport, TABLES, on_event, lambda topics: cache.reconcile(topics, store.list_topics(topics)),
-                     SubscriberOptions(queue_size=100_000), "bench-direct")
+    def on_resync(topics: set[str]) -> None:
+        cache.reconcile(topics, store.list_topics(topics))
+
+    sub = Subscriber(transport, TABLES, on_event, on_resync, SubscriberOptions(queue_size=100_000), "bench-direct")
     gc.collect()  # no run pays for the garbage of the runs before it
     t0, c0 = time.perf_counter(), time.process_time()
     sub.start()
@@ -193,15 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/nb.sqlite", TABLES)  # empty: the initial sync lists nothing
         variants: dict[str, Callable[[], tuple[float, float, float]]] = {}
+
+        def direct_run(keys: int | None, cost: float) -> Callable[[], tuple[float, float, float]]:
+            return lambda: run_direct(store, Target(args.events, keys), cost)
+
+        def queue_run(keys: int | None, cost: float, workers: int) -> Callable[[], tuple[float, float, float]]:
+            return lambda: run_queue(store, Target(args.events, keys), cost, workers)
+
         variants["pinned_direct"] = lambda: pinned(lambda: run_direct(store, Target(args.events, None), 0.0))
         variants["pinned_w1"] = lambda: pinned(lambda: run_queue(store, Target(args.events, None), 0.0, 1))
         for scenario, keys in (("distinct", None), ("hot", args.hot_keys)):
             for label, cost in (("noop", 0.0), ("50us", 50e-6)):
-                variants[f"{scenario}_{label}_direct"] = (
-                    lambda k=keys, c=cost: run_direct(store, Target(args.events, k), c))
+                variants[f"{scenario}_{label}_direct"] = direct_run(keys, cost)
                 for w in (1, 4):
-                    variants[f"{scenario}_{label}_w{w}"] = (
-                        lambda k=keys, c=cost, w=w: run_queue(store, Target(args.events, k), c, w))
+                    variants[f"{scenario}_{label}_w{w}"] = queue_run(keys, cost, w)
         best: dict[str, tuple[float, float, float]] = {}
         rates: dict[str, list[float]] = {}
         for r in range(args.rounds):

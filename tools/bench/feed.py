@@ -33,11 +33,12 @@ from typing import Any
 
 from backends import bench_store
 
+from dfpubsub.backends.sqlite import sqlite_path
 from dfpubsub.feed_publisher import FeedPublisher
 from dfpubsub.metrics import Stats
 from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher, PublisherOptions
-from dfpubsub.store import Store, open_store, sqlite_path
+from dfpubsub.store import Store, open_store
 from dfpubsub.subscriber import Subscriber
 
 TABLES = ["port"]

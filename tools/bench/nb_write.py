@@ -28,12 +28,13 @@ from typing import Any
 import msgpack
 from backends import bench_store
 
+from dfpubsub.backends.sqlite import sqlite_path
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.notify.producer import Notifier
 from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher
-from dfpubsub.store import Store, sqlite_path
+from dfpubsub.store import Store
 
 TABLES = ["port"]
 VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"], "status": "ACTIVE",
@@ -43,13 +44,13 @@ VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.
 def nbapi_rate(store: Store, writes: int, keys: int, notifier: Notifier | None = None) -> float:
     """Updates per second through NbApi (publishing on ZeroMQ, and notifying with ``notifier``)."""
     stats = Stats("publisher", "bench")
-    api = NbApi(store, Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "bench", stats=stats),
-                notifier)
+    publisher = Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "bench", stats=stats)
+    api = NbApi(store, publisher, notifier)
     t0 = time.perf_counter()
     for i in range(writes):
         api.update("port", f"port-{i % keys:04d}", {**VALUE, "i": i})
     elapsed = time.perf_counter() - t0
-    api.publisher.close()  # type: ignore[union-attr]
+    publisher.close()
     return writes / elapsed
 
 

@@ -52,6 +52,7 @@ from e2e import (
 from dfpubsub.config import load_settings
 from dfpubsub.factory import create_publisher
 from dfpubsub.metrics import Stats
+from dfpubsub.multiproc import WorkerPublisher
 from dfpubsub.plugins import load_driver
 from dfpubsub.subscriber import Subscriber, SubscriberOptions
 from dfpubsub.testing.servers import free_port
@@ -71,6 +72,7 @@ def worker(conn: Connection, warm: MpEvent, seconds: float, rate: float, config:
     """An API worker: publish through the service at ``rate``/s (0: flat out), then report its id and sequences."""
     settings = load_settings(config, {"pubsub": {"multiproc": True}})
     pub = create_publisher(settings, name=f"bench-worker-{index}")
+    assert isinstance(pub, WorkerPublisher)  # pubsub.multiproc is on
     report = send_loop(warm_up(pub.publish, warm), seconds, rate)
     pub.flush()
     report.update(id=pub.id, seqs=pub.sequences(), stats=pub.publisher.stats.snapshot())

@@ -36,6 +36,7 @@ from dfpubsub.controller.relist import relist
 from dfpubsub.metrics import Stats
 from dfpubsub.plugins import load_driver
 from dfpubsub.store import Store
+from dfpubsub.store.sqlite import SqliteStore
 
 TABLES = ["port", "network"]
 VALUE = {"name": "port-000001", "mac": "fa:16:3e:12:34:56", "fixed_ips": ["10.0.0.17"], "status": "ACTIVE",
@@ -48,7 +49,8 @@ def fill(store: Store, n: int) -> None:
         # One transaction instead of 100k: filling is not what is measured.
         import msgpack
 
-        conn = sqlite3.connect(store.path)  # type: ignore[attr-defined]
+        assert isinstance(store, SqliteStore)
+        conn = sqlite3.connect(store.path)
         rows = [(TABLES[i % 2], f"obj-{i:06d}", TABLES[i % 2], i + 1, msgpack.packb(VALUE)) for i in range(n)]
         conn.executemany("INSERT INTO nb_objects VALUES (?, ?, ?, ?, ?)", rows)
         conn.execute("UPDATE nb_meta SET value = ? WHERE name = 'revision'", (n,))
@@ -82,7 +84,8 @@ def raw_read(backend: str, store: Store, url: str) -> float:
     """The backend's own client reading every object, bytes only."""
     t0 = time.perf_counter()
     if backend == "sqlite":
-        conn = sqlite3.connect(store.path)  # type: ignore[attr-defined]
+        assert isinstance(store, SqliteStore)
+        conn = sqlite3.connect(store.path)
         rows = conn.execute("SELECT tbl, key, topic, version, value FROM nb_objects").fetchall()
         conn.close()
         count = len(rows)

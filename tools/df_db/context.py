@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
+from dfpubsub.backends.sqlite import require_sqlite_file
 from dfpubsub.config import Settings, load_settings
 from dfpubsub.discovery import Discovery, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
@@ -19,7 +20,7 @@ from dfpubsub.nbapi import NbApi
 from dfpubsub.notify.wiring import queues_from_settings
 from dfpubsub.publisher import Publisher
 from dfpubsub.queues import QueueStore
-from dfpubsub.store import Store, open_store_from_settings, require_sqlite_file
+from dfpubsub.store import Store, open_store_from_settings
 
 from .output import Output, fail
 

@@ -32,7 +32,7 @@ def deadletters(
         if queue is not None:
             store.queue_info(queue)  # an unknown queue is an error, not an empty list
         letters = store.list_dead_letters(queue, max)
-    docs = [{"queue": d.queue, "marker": d.marker, "reason": d.reason, "at": d.at, "bytes": len(d.data),
+    docs: list[dict[str, Any]] = [{"queue": d.queue, "marker": d.marker, "reason": d.reason, "at": d.at, "bytes": len(d.data),
              "notification": notification_doc(d.data)} for d in letters]
     if st.out.json:
         st.out.document(docs)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -102,7 +102,7 @@ class Column:
     header: str
     key: str
     show: Callable[[Any], str] = str
-    justify: str = "left"
+    justify: JustifyMethod = "left"
 
 
 class Output:
@@ -129,7 +129,7 @@ class Output:
             return
         table = Table(title=title, show_edge=False, header_style="bold")
         for col in columns:
-            table.add_column(col.header, justify=col.justify)  # type: ignore[arg-type]
+            table.add_column(col.header, justify=col.justify)
         for row in rows:
             table.add_row(*(Text(col.show(row.get(col.key))) for col in columns))
         self.console.print(table)
@@ -146,7 +146,7 @@ class Output:
         table.add_column(style="bold")
         table.add_column()
         for name, value in doc.items():
-            shown = (show or {}).get(name, compact if not isinstance(value, str) else str)
+            shown: Callable[[Any], str] = (show or {}).get(name, compact if not isinstance(value, str) else str)
             table.add_row(name, Text(shown(value)))
         self.console.print(table)
         self.footer()
@@ -178,10 +178,10 @@ class Output:
     def progress(self, total: int, what: str) -> Iterator[Callable[[int], None]]:
         """Yields ``advance(n)``; draws a bar on stderr only in table mode with stdout on a terminal."""
         if self.json or not sys.stdout.isatty():
-            yield lambda n=1: None
+            yield lambda n: None
             return
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        console=self.err, transient=True)
         with bar:
             task = bar.add_task(what, total=total)
-            yield lambda n=1: bar.advance(task, n)
+            yield lambda n: bar.advance(task, n)

@@ -119,7 +119,7 @@ def dump(ctx: typer.Context, queue: str, max: Max = 1000,
     st = state(ctx)
     with st.open_queues() as store:
         entries, more = store.list(queue, max, after)
-    docs = [{"marker": e.marker, "enqueued_at": e.enqueued_at, "bytes": len(e.data),
+    docs: list[dict[str, Any]] = [{"marker": e.marker, "enqueued_at": e.enqueued_at, "bytes": len(e.data),
              "notification": notification_doc(e.data)} for e in entries]
     if st.out.json:
         st.out.document({"queue": queue, "entries": docs, "more": more})

@@ -56,7 +56,7 @@ class _NamingTransport(SubscriberTransport):
         self.max_bytes = max_bytes
         self.names: dict[str, str] = {}
 
-    @property  # type: ignore[override]
+    @property
     def on_lost(self) -> Any:
         return self.inner.on_lost
 

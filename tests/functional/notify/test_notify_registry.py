@@ -1,26 +1,12 @@
 """Notification topics and configurations, stored in the queue backends."""
 
-import itertools
-
 import pytest
 
 from dfpubsub.errors import AlreadyExists, InvalidValue, QueueNotFound, TopicNotFound
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic, event_name
-from dfpubsub.queues import open_queues, shard_for
+from dfpubsub.queues import shard_for
 
-_prefix = itertools.count()
 HOOK = "http://127.0.0.1:8080/hook"
-
-
-@pytest.fixture(params=["sqlite", "redis", "etcd"])
-def queues(request, tmp_path):
-    if request.param == "sqlite":
-        q = open_queues(f"sqlite:///{tmp_path}/queues.sqlite")
-    else:
-        server = request.getfixturevalue(f"shared_{request.param}")
-        q = open_queues(server.url, prefix=f"n{next(_prefix)}-{tmp_path.name}")
-    yield q
-    q.close()
 
 
 @pytest.fixture

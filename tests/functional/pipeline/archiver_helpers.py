@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ class ArchiverProcess:
     """df-archiver in a subprocess, its JSON log lines collected."""
 
     def __init__(self, log: Path, driver: str, topics: str, *extra: str):
-        exe = shutil.which("df-archiver", path=os.path.dirname(sys.executable))
+        exe = os.path.join(os.path.dirname(sys.executable), "df-archiver")
         self.proc = subprocess.Popen(
             [exe, "--pubsub.driver", driver, "--pubsub.topics", topics, "--archive.path", str(log),
              "--archive.fsync", "false", "--log.format", "json", *extra],

@@ -14,8 +14,8 @@ from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
 from dfpubsub.testing import LossyTransport, drop_every
 from tests.conftest import wait_for
-from tests.functional.conftest import backend_store
 from tests.functional.controller_helpers import TABLES, Node
+from tests.functional.store_helpers import backend_store
 
 _prefix = itertools.count()
 

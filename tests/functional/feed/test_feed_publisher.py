@@ -19,11 +19,11 @@ from dfpubsub.errors import StoreUnavailable, WriteOutcomeUnknown
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.store import FeedRetention, open_store
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 from tests.functional.controller_helpers import TABLES, Node
-from tests.functional.cut_proxy import CutProxy
 from tests.functional.df_db_helpers import base_env, ok
-from tests.functional.feed_helpers import FeedThread
+from tests.functional.feed.cut_proxy import CutProxy
+from tests.functional.feed.feed_helpers import FeedThread
 
 WRITER = Path(__file__).with_name("feed_writer.py")
 _prefix = itertools.count()
@@ -234,8 +234,6 @@ def test_a_feed_publisher_killed_mid_stream_and_restarted_loses_nothing(tmp_path
                           f'[feed]\ncursor = "{cursor}"\nannounce = false\n')
         return subprocess.Popen([sys.executable, "-m", "dfpubsub.services.feed", "--config", str(config)],
                                 stderr=subprocess.DEVNULL)
-
-    from tools.servers import free_port
 
     ports = [free_port(), free_port()]
     proc = start(ports[0])

@@ -28,7 +28,7 @@ from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
 
 CHILD = Path(__file__).with_name("discovery_child.py")
-SAMPLE = Path(__file__).resolve().parents[2] / "etc" / "dfpubsub.toml"
+SAMPLE = Path(__file__).resolve().parents[3] / "etc" / "dfpubsub.toml"
 TTL, RENEW = 1.5, 0.4  # fast, but keeping the rule renew_interval <= ttl / 3
 _prefix = itertools.count()
 

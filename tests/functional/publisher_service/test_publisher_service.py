@@ -17,7 +17,7 @@ from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
 from tests.conftest import free_port, undetected, wait_for
 from tests.functional.controller_helpers import TABLES, Node
-from tests.functional.service_helpers import PUBSUB, Service, fork, reap, worker_settings
+from tests.functional.publisher_service.service_helpers import PUBSUB, Service, fork, reap, worker_settings
 from tests.functional.zmq_helpers import Sink, raw_envelope
 
 NO_ANNOUNCE = ("--publisher_service.announce", "false")

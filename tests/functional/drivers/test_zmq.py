@@ -309,7 +309,7 @@ print(got, cycles)
 
 def test_dropping_an_endpoint_while_messages_stream_in_keeps_the_subscriber_receiving():
     # Dropping an endpoint replaces the socket (libzmq 4.3's zmq_disconnect aborted the process
-    # in 4 of 8 runs of tests/functional/test_curve.py here): hundreds of replacements while two
+    # in 4 of 8 runs of tests/functional/security/test_curve.py here): hundreds of replacements while two
     # publishers stream must neither crash nor stall it. In a child, so a crash fails only this.
     child = subprocess.run([sys.executable, "-c", _CHURN, "4"], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr[-2000:]

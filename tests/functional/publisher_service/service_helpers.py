@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from collections.abc import Callable
 from dfpubsub.config import load_settings
 from tests.conftest import wait_for
 
-EXE = shutil.which("df-publisher-service", path=os.path.dirname(sys.executable))
+EXE = os.path.join(os.path.dirname(sys.executable), "df-publisher-service")
 
 #: Fast timers so that a dead publisher is found in about a second.
 PUBSUB = {"max_idle_time": 0.4, "dead_after_idles": 3.0, "message_delay_window": 0.2, "batch_linger": 0.001}
@@ -35,17 +34,20 @@ class Service:
         return f"tcp://127.0.0.1:{self.port}"
 
     def start(self, wait: bool = True) -> "Service":
-        self.lines = lines = []
-        self.proc = subprocess.Popen(
+        lines: list[str] = []
+        self.lines = lines
+        self.proc = proc = subprocess.Popen(
             [EXE, "--pubsub.driver", f"zmq+{self.uri}", "--pubsub.multiproc-socket", self.socket_path,
              "--pubsub.max-idle-time", str(PUBSUB["max_idle_time"]), "--log.format", "json", *self.flags],
             stderr=subprocess.PIPE, text=True,
         )
-        threading.Thread(target=lambda: lines.extend(self.proc.stderr), daemon=True).start()
+        stderr = proc.stderr
+        assert stderr is not None
+        threading.Thread(target=lambda: lines.extend(stderr), daemon=True).start()
         if wait:
-            wait_for(lambda: self.logged("publisher service starting") or self.proc.poll() is not None,
+            wait_for(lambda: self.logged("publisher service starting") or proc.poll() is not None,
                      what="the service to start")
-            assert self.proc.poll() is None, self.lines
+            assert proc.poll() is None, self.lines
         return self
 
     def logged(self, msg: str) -> dict | None:
@@ -64,6 +66,7 @@ class Service:
             self.proc.wait(timeout=10)
 
     def terminate(self) -> int:
+        assert self.proc is not None, "terminate() before start()"
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=15)
 

@@ -10,7 +10,7 @@ pytest.importorskip("pyarrow")
 from dfpubsub import Publisher, PublisherOptions, load_driver  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
 from tests.conftest import free_port, wait_for  # noqa: E402
-from tests.functional.archiver_helpers import ArchiverProcess, journaled, published_rows, value_of  # noqa: E402
+from tests.functional.pipeline.archiver_helpers import ArchiverProcess, journaled, published_rows, value_of  # noqa: E402
 
 
 def test_df_archiver_writes_every_event_with_its_envelope_and_flushes_on_sigterm(tmp_path):

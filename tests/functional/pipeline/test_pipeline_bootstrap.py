@@ -23,7 +23,7 @@ from dfpubsub.pipeline import compact  # noqa: E402
 from dfpubsub.pipeline.bootstrap import SnapshotBootstrap, load_snapshot  # noqa: E402
 from dfpubsub.store import open_store  # noqa: E402
 from tests.conftest import wait_for
-from tests.functional.conftest import backend_store  # noqa: E402
+from tests.functional.store_helpers import backend_store  # noqa: E402
 
 TABLES = ["port", "network"]
 TOPICS = ["port", "tenant-a"]

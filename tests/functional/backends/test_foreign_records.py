@@ -15,6 +15,7 @@ from aetcd import rpc
 from dfpubsub.tools.webhook import WebhookReceiver
 
 from dfpubsub import Controller, Publisher, PublisherOptions, SubscriberOptions, load_driver
+from dfpubsub.backends.etcd import txn
 from dfpubsub.backends.foreign import SKIPPED
 from dfpubsub.errors import ForeignRecord
 from dfpubsub.metrics import Stats
@@ -24,7 +25,6 @@ from dfpubsub.notify.producer import Notifier
 from dfpubsub.queues import open_queues, shard_for
 from dfpubsub.queues.api import marker
 from dfpubsub.store import open_store
-from dfpubsub.store.etcd import _txn
 from dfpubsub.store.outbox import split_versioned
 from dfpubsub.store.sqlite import _SCHEMA as SQLITE_SCHEMA
 from tests.conftest import wait_for
@@ -75,7 +75,7 @@ def _etcd_garbage(store) -> int:
             (root + b"key-not-utf8-\xff", VALID), (root + b"g0", VALID),  # a valid rewrite stays valid
             (topics + b"g1", b"\xff\xfe")]  # g1's topic key is not UTF-8: g1 cannot be placed
     for key, value in puts:
-        store._commit(_txn([], [rpc.PutRequest(key=key, value=value)]))
+        store._commit(txn([], [rpc.PutRequest(key=key, value=value)]))
     return 4
 
 
@@ -346,7 +346,7 @@ def test_foreign_queue_metadata_is_named_and_the_other_queues_listed(backend, re
         r.sadd(f"{prefix}:q:queues", b"\xff")
     else:
         conn = queues._conn
-        conn._commit(_txn([], [rpc.PutRequest(key=queues._states + b"b", value=b"\xc1"),
+        conn.commit(txn([], [rpc.PutRequest(key=queues._states + b"b", value=b"\xc1"),
                                rpc.PutRequest(key=queues._states + b"c", value=msgpack.packb([1, 2])),
                                rpc.PutRequest(key=queues._states + b"\xff", value=b"")]))
         queues._forget("b")
@@ -363,7 +363,7 @@ def test_foreign_queue_metadata_is_named_and_the_other_queues_listed(backend, re
         elif backend == "redis":
             r.hset(f"{prefix}:q:m:a", mapping={"owner": "ghost", "owner_until": until})
         else:
-            conn._commit(_txn([], [rpc.PutRequest(key=queues._locks + b"a", value=msgpack.packb(["ghost", until]))]))
+            conn.commit(txn([], [rpc.PutRequest(key=queues._locks + b"a", value=msgpack.packb(["ghost", until]))]))
         assert queues.owner("a") is None and queues.stats("a").owner is None
         assert queues.lock("a", "w1", 10.0) and queues.owner("a")[0] == "w1"
         assert queues.unlock("a", "w1")

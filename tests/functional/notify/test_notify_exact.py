@@ -17,7 +17,6 @@ from tests.functional.notify_helpers import (
     make_topic,
     owns_all,
     pending,
-    queues,  # noqa: F401 - the fixture
     reopen,
     wait_drained,
 )

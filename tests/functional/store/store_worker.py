@@ -21,6 +21,7 @@ def main() -> None:
         key = f"c{i % n_keys}"
         while True:
             obj = store.get("counter", key)
+            assert obj is not None, f"{key} was not created"
             try:
                 new = store.update("counter", key, {"n": obj.value["n"] + 1}, expected_version=obj.version)
                 break
@@ -28,6 +29,7 @@ def main() -> None:
                 retries += 1
         versions.setdefault(key, []).append(new.version)
         seen = store.get("counter", key)
+        assert seen is not None, f"{key} is gone"
         versions[key].append(seen.version)
     store.close()
     print(json.dumps({"versions": versions, "retries": retries}))
