@@ -185,6 +185,15 @@ class ControllerSettings(_Section):
     sync_drains_queue: bool = Field(
         True, description="'synced' also waits for the reconcilers to take the first full sync (queue drained once).",
     )
+    replay_max_ratio: float = Field(
+        0.5, gt=0, description="A repair replays the store's change feed unless it holds more entries than this "
+        "share of the cached objects (at least 1000), over what a feed entry costs against an object's version "
+        "in a listing (SQLite 1.2, Redis 2.8, etcd 12); then it relists.",
+    )
+    checkpoint_interval: float = Field(
+        60.0, ge=0, description="Seconds without a repair after which a replay moves the cache's feed position on, "
+        "keeping it within the feed's history (0: never; then a repair after the history is gone relists).",
+    )
     status_file: str = Field("", description="File rewritten with synced, queue depth and the failed set, for "
                                              "df-db controller-status (empty: none).")
     status_interval: float = Field(5.0, gt=0, description="Seconds between rewrites of status_file.")

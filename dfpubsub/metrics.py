@@ -59,6 +59,12 @@ COUNTERS: dict[str, str] = {
     "reconciles": "Reconciles run, by outcome (done, requeue, error).",
     "reconcile_failed": "Keys moved to the failed set after max_retries failures.",
     "redeliveries": "Cached keys handed to the reconcilers again by the periodic resync.",
+    "replays": "Repairs of a controller's cache by replaying the store's change feed, by cause.",
+    "relists": "Repairs of a controller's cache by listing its topics (first sync, history gone, too far behind, "
+               "periodic), by cause.",
+    "replay_entries": "Change-feed entries replays read.",
+    "replay_objects": "Objects replays read from the store (what the cache had missed, or could not prove).",
+    "relist_objects": "Objects of the topics relists listed.",
 }
 
 #: Help strings of the gauges; the exported name is ``dfpubsub_<name>``.
@@ -70,6 +76,7 @@ GAUGES: dict[str, str] = {
     "workqueue_delayed": "Keys waiting for their retry delay to pass.",
     "workqueue_processing": "Keys being reconciled now or waiting in a worker's batch.",
     "reconcile_failed_keys": "Keys in a controller's failed set (given up until the next periodic resync).",
+    "repair_position": "Store revision up to which a controller's cache holds every committed write.",
 }
 
 #: Counters a component of each role shows from its start, at zero until they move, so a
@@ -78,7 +85,8 @@ ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
     "publisher": ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops"),
     "subscriber": ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled",
                    "streams_rebased", "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors"),
-    "controller": ("handler_errors", "workqueue_adds", "workqueue_retries", "reconciles", "reconcile_failed"),
+    "controller": ("handler_errors", "workqueue_adds", "workqueue_retries", "reconciles", "reconcile_failed",
+                   "replays", "relists", "replay_entries", "replay_objects", "relist_objects"),
     "relay": ("envelopes_in", "envelopes_out", "drops"),
     "archiver": ("events_archived", "segments_published", "segment_bytes", "journals_recovered"),
     "notifier": ("notifications_enqueued", "notifications_refused", "notifications_lost"),
@@ -164,6 +172,10 @@ class Stats:
         if reason is not None:
             return self.counts.get((counter, reason), 0)
         return sum(v for (c, _), v in list(self.counts.items()) if c == counter)
+
+    def by_reason(self, counter: str) -> dict[str, int]:
+        """``counter``'s values by reason, those that moved."""
+        return {r: v for (c, r), v in list(self.counts.items()) if c == counter and r and v}
 
     def snapshot(self) -> dict[str, int]:
         """All counters that moved, as ``{"name" or "name:reason": value}``."""

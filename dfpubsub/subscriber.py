@@ -46,8 +46,9 @@ _STOP = object()
 _POLL = 0.1
 
 
-#: Resync reasons that are part of normal operation, not a loss: logged at info, not as warnings.
-_ROUTINE = frozenset({"first_seen", "periodic", "manual"})
+#: Resync reasons that are part of normal operation, not a loss: logged at info, not as warnings
+#: (a controller's checkpoint, once a minute per topic, at debug).
+_ROUTINE = frozenset({"first_seen", "periodic", "manual", "checkpoint"})
 
 
 @dataclass(slots=True)
@@ -273,7 +274,8 @@ class Subscriber:
         fields = {"topic": req.topic, "reason": req.reason, "publisher": req.publisher_id,
                   "missing": None if req.missing is None else list(req.missing)}
         if req.reason in _ROUTINE:
-            log.info("resync of topic %r requested: %s", req.topic, req.reason, extra=fields)
+            log.log(logging.DEBUG if req.reason == "checkpoint" else logging.INFO, "resync of topic %r requested: %s",
+                    req.topic, req.reason, extra=fields)
         else:  # one line per gap (each expired gap is one request), rate-limited per reason
             self._badlog.warning(req.reason, f"resync of topic {req.topic!r} requested: {req.reason}", **fields)
         if self.on_gap is not None:

@@ -2,8 +2,9 @@
 store, a rate-limited work queue hands changed keys to level-triggered reconcilers.
 
 - :mod:`.runtime`: :class:`Controller`, the informer and its workers;
-- :mod:`.cache`, :mod:`.indexer`, :mod:`.relist`: the cache, its indexes and listers, and
-  reconciling it against a listing of the store;
+- :mod:`.cache`, :mod:`.indexer`: the cache, its indexes and listers;
+- :mod:`.replay`, :mod:`.relist`: repairing the cache from the store's change feed (what was
+  missed), or from a listing (the whole topic) where the feed cannot;
 - :mod:`.reconciler`: what users implement;
 - :mod:`.workqueue`, :mod:`.ratelimit`: the queue of keys and its retry limiters, which know
   nothing of events, stores or pub/sub (an import contract holds them to it);
@@ -14,11 +15,12 @@ from .cache import Change, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import DONE, REQUEUE, HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
-from .runtime import Bootstrap, Controller, ControllerOptions, FailedKey
+from .replay import Replayed, TooFarBehind
+from .runtime import Bootstrap, Controller, ControllerOptions, FailedKey, Repair
 from .status import StatusWriter, read_status, write_status
 from .workqueue import WorkQueue
 
 __all__ = ["Bootstrap", "Change", "Controller", "ControllerOptions", "DONE", "ExponentialBackoff", "FailedKey",
            "HandlerReconciler", "IndexFunc", "Indexer", "Lister", "ObjectKey", "REQUEUE", "RateLimiter",
-           "Reconciler", "Result", "StatusWriter", "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue",
+           "Reconciler", "Repair", "Replayed", "Result", "TooFarBehind", "StatusWriter", "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue",
            "read_status", "write_status"]

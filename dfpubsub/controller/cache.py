@@ -52,6 +52,9 @@ class VersionedCache:
         self._next_purge = 0.0
         #: What events changed since :meth:`begin_relist` (None: no relist under way).
         self._recent: set[tuple[str, str]] | None = None
+        #: What events changed since :meth:`take_touched` (None: nobody asks), for a replay to
+        #: check against the store's feed.
+        self._touched: set[tuple[str, str]] | None = None
 
     def apply(self, event: Event) -> bool:
         """Apply ``event`` if it is newer than the cached state; return whether it was."""
@@ -76,6 +79,8 @@ class VersionedCache:
                                             (event.topic, event.table, event.key, event.version, event.value))
             if self._recent is not None:
                 self._recent.add(ident)
+            if self._touched is not None:
+                self._touched.add(ident)
             return True
 
     def get(self, table: str, key: str) -> VersionedObject | None:
@@ -211,6 +216,49 @@ class VersionedCache:
                     floor = obj.version if revision is None else min(obj.version, revision)
                     tombstones[ident] = (floor, now)
                     changes.append(Change(Action.DELETE, obj.topic, obj.table, obj.key, obj.version, None, obj))
+        return changes
+
+    def take_touched(self) -> set[tuple[str, str]]:
+        """The (table, key) of every object events changed since the last call, and start anew.
+
+        A replay (:mod:`dfpubsub.controller.replay`) checks each against the store's feed: a
+        version no write of the store explains came from a forged or foreign event.
+        """
+        with self._lock:
+            touched, self._touched = self._touched or set(), set()
+            return touched
+
+    def correct(self, topics: set[str], objects: Iterable[VersionedObject],
+                deleted: Iterable[tuple[tuple[str, str], int]]) -> list[Change]:
+        """Make these objects what the store says, whatever the cache held (truth wins).
+
+        ``objects`` were read from the store (their versions are the store's own); one whose
+        topic is not in ``topics`` has left them and is deleted here. ``deleted`` are (table, key)
+        the store deleted at a version. Returns what changed, as :meth:`reconcile` does.
+        """
+        changes: list[Change] = []
+        now = self._clock()
+        with self._lock:
+            held, tombstones = self._objects, self._tombstones
+            for obj in objects:
+                ident = (obj[1], obj[2])
+                previous = held.get(ident)
+                if obj[0] not in topics:
+                    if previous is not None:
+                        del held[ident]
+                        tombstones[ident] = (obj[3], now)
+                        changes.append(Change(Action.DELETE, *previous[:4], None, previous))
+                    continue
+                if previous is not None and previous[3] == obj[3] and previous[0] == obj[0]:
+                    continue
+                tombstones.pop(ident, None)
+                held[ident] = obj
+                changes.append(Change(Action.CREATE if previous is None else Action.UPDATE, *obj, previous))
+            for ident, version in deleted:
+                previous = held.pop(ident, None)
+                tombstones[ident] = (version, now)
+                if previous is not None:
+                    changes.append(Change(Action.DELETE, *previous[:4], None, previous))
         return changes
 
     def _version_locked(self, ident: tuple[str, str]) -> int:

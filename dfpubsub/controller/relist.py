@@ -23,11 +23,21 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from ..store import Store
 from .cache import Change, VersionedCache
 
-__all__ = ["relist"]
+__all__ = ["Relisted", "relist"]
+
+
+class Relisted(NamedTuple):
+    """What a relist found: the changes the cache had missed, how many objects the store holds for
+    the topics, and the store revision the listing reflects (every write up to it is in it)."""
+
+    changes: list[Change]
+    objects: int
+    revision: int
 
 
 @contextmanager
@@ -47,9 +57,8 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def relist(store: Store, cache: VersionedCache, topics: set[str]) -> tuple[list[Change], int]:
-    """Make ``cache`` equal to ``store`` for ``topics``; return the changes it had missed and
-    how many objects the store holds for them."""
+def relist(store: Store, cache: VersionedCache, topics: set[str]) -> Relisted:
+    """Make ``cache`` equal to ``store`` for ``topics``."""
     with _gc_paused():
         cache.begin_relist()
         if len(cache):
@@ -58,7 +67,7 @@ def relist(store: Store, cache: VersionedCache, topics: set[str]) -> tuple[list[
             if len(stale) * 2 <= len(versions):
                 # An object moved to another topic since the listing is, for these topics, deleted.
                 fetched = [obj for obj in store.get_many(stale) if obj.topic in topics] if stale else []
-                return cache.reconcile(topics, fetched, revision, same), len(versions)
+                return Relisted(cache.reconcile(topics, fetched, revision, same), len(versions), revision)
             cache.begin_relist()  # the full listing below is read after the versions
         objects, revision = store.list_at(topics)
-        return cache.reconcile(topics, objects, revision), len(objects)
+        return Relisted(cache.reconcile(topics, objects, revision), len(objects), revision)

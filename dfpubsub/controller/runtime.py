@@ -13,6 +13,15 @@ one more reconcile, and a failure is retried with per-key exponential backoff
 under an overall token bucket. After ``max_retries`` failures a key moves to
 the failed set until its next change or the next periodic re-delivery
 (``resync_period``), which hands every cached key to the reconcilers again.
+
+A repair costs what was missed: the controller knows the store revision up
+to which its cache is complete (its *position*, set by its first listing)
+and repairs a gap, a dead publisher, an overflow or a healed partition by
+replaying the store's change feed from there (:mod:`.replay`); it relists
+only on its first sync, when the feed's history no longer reaches back, when
+the replay would read more than a listing, and on the periodic reconcile
+(the safety net). A checkpoint replay every ``checkpoint_interval`` keeps the
+position within the feed's history when nothing goes wrong.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..config import ControllerSettings
+from ..errors import HistoryGone
 from ..events import Action, Event, VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
@@ -39,9 +49,10 @@ from .indexer import Indexer, IndexFunc, Lister
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
 from .relist import relist
+from .replay import TooFarBehind, replay
 from .workqueue import WorkQueue
 
-__all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap"]
+__all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap", "Repair"]
 
 _new = tuple.__new__
 _DELETE = Action.DELETE  # an enum member's lookup costs more than the rest of a test for it
@@ -53,6 +64,20 @@ log = logging.getLogger(__name__)
 Bootstrap = Callable[[Store, set[str]], "list[VersionedObject] | None"]
 
 _Ident = tuple[str, str]  # (table, key): what the work queue holds
+
+#: A resync request's reason -> the cause its repair is counted under.
+_CAUSES = {
+    "subscribed": "first_sync", "periodic": "periodic", "checkpoint": "checkpoint", "manual": "manual",
+    "overflow": "overflow", "feed_lost": "dead_publisher", "publisher_lost": "dead_publisher",
+    "publisher_gone": "dead_publisher", "publisher_silent": "dead_publisher", "publisher_evicted": "dead_publisher",
+    # The transport's own history is gone (etcd compaction, a Redis stream trimmed or reset): the
+    # store's feed usually still has it.
+    "compacted": "transport_history", "history_lost": "transport_history", "trimmed": "transport_history",
+    "reset": "transport_history", "subscribe_delayed": "transport_history",
+}
+#: When several requests were coalesced into one repair, the cause it is counted under.
+_PRIORITY = ("periodic", "first_sync", "dead_publisher", "transport_history", "overflow", "gap", "manual",
+             "checkpoint")
 
 
 @dataclass(slots=True)
@@ -71,12 +96,34 @@ class ControllerOptions:
     retry_burst: int = 100
     #: ``synced`` waits for the work queue to drain once after the first full sync.
     sync_drains_queue: bool = True
+    #: A repair replays the feed unless it holds more entries than this share of the cached
+    #: objects (at least 1000), divided by what an entry costs against an object's version in a
+    #: listing (``Store.feed_entry_cost``); then a relist reads less.
+    replay_max_ratio: float = 0.5
+    #: Seconds without a repair after which a replay moves the position on, so that it stays
+    #: within the feed's history (0: never).
+    checkpoint_interval: float = 60.0
 
     @classmethod
     def from_settings(cls, s: ControllerSettings) -> ControllerOptions:
         """The work queue's and workers' share of ``[controller]``."""
         return cls(s.workers, s.resync_period, s.max_retries, s.queue_size, s.retry_base_delay, s.retry_max_delay,
-                   s.retry_qps, s.retry_burst, s.sync_drains_queue)
+                   s.retry_qps, s.retry_burst, s.sync_drains_queue, s.replay_max_ratio, s.checkpoint_interval)
+
+
+class Repair(NamedTuple):
+    """One repair of the cache: ``kind`` "replay" or "relist", its ``cause``, the feed entries and the
+    objects it read, the changes it found, the revision the cache is complete up to after it, and
+    when (wall clock)."""
+
+    kind: str
+    cause: str
+    topics: tuple[str, ...]
+    entries: int
+    objects: int
+    changes: int
+    position: int
+    at: float
 
 
 class FailedKey(NamedTuple):
@@ -149,9 +196,19 @@ class Controller:
         self._failed: dict[_Ident, FailedKey] = {}
         stats.set("reconcile_failed_keys", lambda: len(self._failed))
         self._badlog = RateLimitedLog(log)
+        #: Per topic, the store revision up to which the cache holds every committed write.
+        self.positions: dict[str, int] = {}
+        self._touched: set[_Ident] = set()  # changed by events since the last repair, not yet checked
+        self._causes: dict[str, set[str]] = {}
+        self._causes_lock = threading.Lock()
+        self._last_repair = time.monotonic()
+        self._on_gap = on_gap
+        #: The latest repair (None before the first sync).
+        self.last_repair: Repair | None = None
+        stats.set("repair_position", lambda: min(self.positions.values(), default=0))
         self.synced = threading.Event()
         self.subscriber = Subscriber(
-            transport, topics, None, self._on_resync, options, name, on_gap, stats, on_events=self._on_events,
+            transport, topics, None, self._on_resync, options, name, self._note_gap, stats, on_events=self._on_events,
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -262,13 +319,33 @@ class Controller:
         self._listed |= topics
         return truth
 
+    def _note_gap(self, request: ResyncRequest) -> None:
+        """Remember why each topic is to be repaired (for the count), then tell ``on_gap``."""
+        with self._causes_lock:
+            self._causes.setdefault(request.topic, set()).add(_CAUSES.get(request.reason, "gap"))
+        if self._on_gap is not None:
+            self._on_gap(request)
+
     def _on_resync(self, topics: set[str]) -> None:
+        with self._causes_lock:
+            causes = set().union(*(self._causes.pop(t, ()) for t in topics))
+        cause = next((c for c in _PRIORITY if c in causes), "manual")
         if self.bootstrap is not None and topics - self._listed:
             truth = self._list(topics)
-            changes, listed = self.cache.reconcile(topics, truth), len(truth)
-        else:  # versions first, truth wins (dfpubsub.controller.relist)
-            changes, listed = relist(self.store, self.cache, topics)
-            self._listed |= topics
+            changes, read, entries, how = self.cache.reconcile(topics, truth), len(truth), 0, "relist"
+            cause = "first_sync"
+            self.stats.inc("relists", reason=cause)
+        else:
+            try:
+                changes, read, entries, how, cause = self._repair(topics, cause)
+            except BaseException:  # retried later (the subscriber backs off): under the same causes
+                with self._causes_lock:
+                    for topic in topics:
+                        self._causes.setdefault(topic, set()).update(causes)
+                raise
+        self._last_repair = time.monotonic()
+        position = min(self.positions.values(), default=0)
+        self.last_repair = Repair(how, cause, tuple(sorted(topics)), entries, read, len(changes), position, time.time())
         reconcilers, indexers = self.reconcilers, self.indexers
         wanted = reconcilers.keys() | indexers.keys()
         pending: list[_Ident] = []
@@ -283,8 +360,55 @@ class Controller:
         self.stats.inc("resync_changes", len(changes))
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)
-        log.info("resynced", extra={"controller": self.name, "topics": sorted(topics),
-                                    "objects": listed, "changes": len(changes)})
+        log.log(logging.DEBUG if cause == "checkpoint" and not changes else logging.INFO, "repaired by %s", how,
+                extra={"controller": self.name, "topics": sorted(topics), "cause": cause, "entries_read": entries,
+                       "objects_read": read, "changes": len(changes), "position": position})
+
+    def _repair(self, topics: set[str], cause: str) -> tuple[list[Change], int, int, str, str]:
+        """Repair ``topics`` by replay, or by relist where a replay cannot (see the module's doc);
+        (changes, objects read, feed entries read, "replay" or "relist", the cause it is counted under)."""
+        positions = self.positions
+        if cause != "periodic" and positions and topics <= positions.keys():
+            covered = set(positions)  # the feed is read for all: each topic's entries come along
+            touched = self._touched
+            touched |= self.cache.take_touched()
+            # OVSDB's rule: replay unless a listing reads less (a feed entry costs more than an
+            # object's version in a listing, by the backend's measure).
+            limit = int(self.runtime.replay_max_ratio * max(len(self.cache), 1000) / self.store.feed_entry_cost)
+            try:
+                done = replay(self.store, self.cache, covered, min(positions.values()), max_entries=limit,
+                              touched=touched)
+            except HistoryGone:
+                cause = "history_gone"
+            except TooFarBehind:
+                cause = "too_far_behind"
+            else:
+                touched.clear()
+                for topic in covered:
+                    positions[topic] = done.position
+                self.stats.inc("replays", reason=cause)
+                self.stats.inc("replay_entries", done.entries)
+                self.stats.inc("replay_objects", done.objects)
+                return done.changes, done.objects, done.entries, "replay", cause
+        elif cause != "periodic":
+            cause = "first_sync"
+        if cause in ("history_gone", "too_far_behind"):
+            # Every topic's position is as far behind as the replay's start: relist them all, or
+            # the next repair would start from the same place and fail the same way.
+            topics = topics | positions.keys()
+        # versions first, truth wins (dfpubsub.controller.relist)
+        found = relist(self.store, self.cache, topics)
+        self._listed |= topics
+        if topics >= positions.keys():
+            self._touched.clear()
+            self.cache.take_touched()  # the listing checked them all; from now on, note changes
+        else:
+            self._touched |= self.cache.take_touched()
+        for topic in topics:
+            positions[topic] = found.revision
+        self.stats.inc("relists", reason=cause)
+        self.stats.inc("relist_objects", found.objects)
+        return found.changes, found.objects, 0, "relist", cause
 
     def _changed(self, table: str, key: str, obj: VersionedObject | None, previous: VersionedObject | None,
                  indexer: Indexer | None, pending: list[_Ident]) -> None:
@@ -385,6 +509,10 @@ class Controller:
 
     # -- timers -----------------------------------------------------------------------------
 
+    def _next_checkpoint(self) -> float:
+        interval = self.runtime.checkpoint_interval
+        return self._last_repair + interval if interval > 0 and self.positions else float("inf")
+
     def _timer_loop(self) -> None:
         """Sets ``synced``, then re-delivers every ``resync_period`` and reconciles every ``reconcile_interval``."""
         rt, stop, rng = self.runtime, self._stop, random.Random()
@@ -401,8 +529,12 @@ class Controller:
                 self.subscriber.request_resync(self.subscriber.topics, reason="periodic")
                 next_reconcile = jittered(self.reconcile_interval)
         next_redeliver = jittered(rt.resync_period)
-        while not stop.wait(min(max(0.0, min(next_redeliver, next_reconcile) - time.monotonic()), 3600.0)):
+        while not stop.wait(min(max(0.0, min(next_redeliver, next_reconcile, self._next_checkpoint())
+                                    - time.monotonic()), 3600.0)):
             now = time.monotonic()
+            if now >= self._next_checkpoint():
+                self._last_repair = now  # asked for: not again before the repair had its chance
+                self.subscriber.request_resync(list(self.positions), reason="checkpoint")
             if now >= next_redeliver:
                 n = self.redeliver()
                 log.info("re-delivered every cached key", extra={"controller": self.name, "keys": n,

@@ -33,6 +33,10 @@ def status_of(controller: Controller) -> dict[str, Any]:
         "controller": controller.name, "pid": os.getpid(), "written_at": time.time(),
         "synced": controller.synced.is_set(), "queue_depth": len(controller.queue),
         "failed_total": len(failed),
+        "position": min(controller.positions.values(), default=0),
+        "repairs": {f"{kind}:{cause}": n for kind in ("replay", "relist")
+                    for cause, n in controller.stats.by_reason(f"{kind}s").items()},
+        "last_repair": None if controller.last_repair is None else controller.last_repair._asdict(),
         "failed": [{"table": f.key.table, "key": f.key.key, "error": f.error, "failures": f.failures,
                     "since": f.since} for f in failed[:MAX_FAILED]],
     }

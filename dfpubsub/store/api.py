@@ -61,6 +61,16 @@ class Store(abc.ABC):
     #: Where the data lives (a file, a server and database), as queue backends name it to find
     #: out whether they share it (:mod:`dfpubsub.store.outbox`); "" where nothing can share it.
     location: str = ""
+    #: Every revision is one feed entry, so ``feed_head() - position`` counts the entries a reader
+    #: has ahead of it (False where the revision counts other writes too: etcd's whole keyspace).
+    feed_dense: bool = True
+    #: Every feed entry names its object's topic (etcd's entry of an update that kept the topic
+    #: names the table instead: a reader must look at the object to know).
+    feed_topics: bool = True
+    #: What reading one feed entry costs, against reading one object's identity and version in a
+    #: listing (measured in bytes the server sends, tools/bench/repair.py): a repair by replay pays
+    #: the one, a relist the other, so this weighs which reads less.
+    feed_entry_cost: float = 1.0
 
     def __init__(self, tables: Iterable[str], max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
                  feed_retention: FeedRetention | None = None):
@@ -161,6 +171,13 @@ class Store(abc.ABC):
     def feed_head(self) -> int:
         """The store's revision now: a reader starting here sees only later writes."""
         return self._feed_head()
+
+    def feed_floor(self) -> int:
+        """A revision the feed surely has an entry at or above: the newest write of an object that
+        still exists. Where every revision is an entry (:attr:`feed_dense`) this is :meth:`feed_head`;
+        where the head counts other keys' writes too (etcd), a reader that must reach the head
+        knows from this how far it surely must read."""
+        return self.feed_head()
 
     def read_feed(self, after: int, limit: int = DEFAULT_BATCH) -> builtins.list[FeedEntry]:
         """Up to ``limit`` feed entries with revisions above ``after``, oldest first, without waiting.

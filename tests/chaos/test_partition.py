@@ -24,6 +24,7 @@ from dfpubsub.events import Action, EventBatch
 from dfpubsub.metrics import Stats
 from dfpubsub.store import open_store
 from dfpubsub.testing.servers import EtcdServer, RedisServer, free_port
+from tests.chaos.netns import ip
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import Node
 from tests.functional.feed.feed_helpers import FeedThread
@@ -32,35 +33,6 @@ _prefix = itertools.count()
 
 HERE = Path(__file__).parent
 SERVICE = shutil.which("df-publisher-service", path=os.path.dirname(sys.executable))
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-@pytest.fixture
-def far_side():
-    """(namespace, this side's interface, the far side's address, this side's address) of a veth
-    pair into a fresh network namespace; skipped where namespaces cannot be made (no
-    CAP_NET_ADMIN)."""
-    n = os.getpid() % 200 + 20
-    ns, here, there = f"dfps{os.getpid()}", f"dfa{os.getpid()}"[:15], f"dfb{os.getpid()}"[:15]
-    try:
-        _ip("netns", "add", ns)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot make a network namespace here: {getattr(exc, 'stderr', exc)}")
-    try:
-        _ip("link", "add", here, "type", "veth", "peer", "name", there)
-        _ip("link", "set", there, "netns", ns)
-        _ip("addr", "add", f"10.231.{n}.1/30", "dev", here)
-        _ip("link", "set", here, "up")
-        _ip("netns", "exec", ns, "ip", "addr", "add", f"10.231.{n}.2/30", "dev", there)
-        _ip("netns", "exec", ns, "ip", "link", "set", there, "up")
-        _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        yield ns, here, f"10.231.{n}.2", f"10.231.{n}.1"
-    finally:
-        subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=30)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
 @pytest.fixture(params=["zmq", "publisher-service", "redis", "etcd"])
@@ -123,7 +95,7 @@ def test_a_writer_that_writes_and_exits_during_a_partition_reaches_the_controlle
         # The feed may have brought those: the controller must know the writer itself to lose it.
         wait_for(lambda: set(node.ctrl.subscriber.tracker.peers) - {feed.publisher.id}, timeout=30,
                  what="the controller to hear from the writer")
-        _ip("link", "set", link, "down")
+        ip("link", "set", link, "down")
         # The controller gives the silent writer up and resyncs once; what the writer writes after
         # that is the hole (an outside soak left such writes stale for good).
         wait_for(lambda: any(g.reason == "publisher_lost" for g in list(node.gaps)), timeout=30,
@@ -132,7 +104,7 @@ def test_a_writer_that_writes_and_exits_during_a_partition_reaches_the_controlle
         writer.stdin.write("exit\n")
         writer.stdin.flush()
         assert writer.wait(30) == 0
-        _ip("link", "set", link, "up")
+        ip("link", "set", link, "up")
         wait_for(lambda: node.converged(store), timeout=30, what="the writes made during the partition")
         assert len(store.list()) == 10
     finally:
@@ -197,13 +169,13 @@ def test_an_etcd_member_cut_off_but_alive_is_noticed_by_the_feed_follower_and_th
         pub.publish("port", "port", "before", Action.CREATE, 1, {})
         pub.flush()
         assert _until(lambda: _keys(watch.recv(0.5))) == ["before"]
-        _ip("link", "set", link, "down")
+        ip("link", "set", link, "down")
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
             while time.monotonic() - started < 20:
                 reader.read(timeout=0.5)
         assert time.monotonic() - started < 10, "the follower waited on a silent member"
-        _ip("link", "set", link, "up")
+        ip("link", "set", link, "up")
         _until(lambda: _create(store, "port", "after"))
         assert [x.key for x in _until(lambda: reader.read(timeout=0.5))] == ["after"]
         # The watch's stream died with the link (keepalive), and it watches again from where it was.

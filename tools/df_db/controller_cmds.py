@@ -1,4 +1,4 @@
-"""``controller-status``: what controllers report in their status files (synced, queue, failed keys)."""
+"""``controller-status``: what controllers report in their status files (synced, queue, failed keys, repairs)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def controller_status(
     files: Annotated[list[str], typer.Argument(metavar="FILE...", help="Status files ([controller] status_file).")],
     failed: Annotated[bool, typer.Option("--failed", help="List the failed keys instead.")] = False,
 ) -> None:
-    """Controllers' status: synced, work-queue depth, keys given up after max_retries (docs/controller.md)."""
+    """Controllers' status: synced, work-queue depth, keys given up after max_retries, repairs by replay and by
+    relist (docs/controller.md, docs/reliability.md)."""
     st = state(ctx)
     docs: list[dict[str, Any]] = []
     for path in files:
@@ -46,7 +47,25 @@ def controller_status(
         st.out.document(docs)
         return
     now = time.time()
-    st.out.rows([{**d, "age": f"{now - d['written_at']:.0f}s"} if "error" not in d else d for d in docs], [
+    st.out.rows([{**d, "age": f"{now - d['written_at']:.0f}s", "last": _last_repair(d)} if "error" not in d else d
+                 for d in docs], [
         Column("file", "file"), Column("controller", "controller"), Column("synced", "synced"),
         Column("queue", "queue_depth", justify="right"), Column("failed", "failed_total", justify="right"),
+        Column("position", "position", lambda v: "" if v is None else str(v), justify="right"), Column("repairs", "repairs", _repairs),
+        Column("last repair", "last", lambda v: v or ""),
         Column("written", "age", justify="right"), Column("error", "error", lambda e: e or "")])
+
+
+def _repairs(counts: object) -> str:
+    """``replay:gap 3, relist:first_sync 1``; "" from a controller too old to report them."""
+    if not isinstance(counts, dict):
+        return ""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def _last_repair(doc: dict[str, Any]) -> str:
+    last = doc.get("last_repair")
+    if not isinstance(last, dict):
+        return ""
+    return (f"{last.get('kind')} ({last.get('cause')}): {last.get('entries')} entries, "
+            f"{last.get('objects')} objects read")
