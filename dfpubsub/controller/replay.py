@@ -81,12 +81,18 @@ def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *,
     if store.feed_dense and head - after > max_entries:  # the count is known without reading
         raise TooFarBehind(f"{head - after} feed entries since revision {after}, more than {max_entries}")
     last, position, entries = _read(store, after, head, max_entries)
-    mine = _relevant(store, cache, topics, last)
     wanted: list[tuple[str, str]] = []
     deleted: list[tuple[tuple[str, str], int]] = []
-    version = cache.version
-    for ident, entry in mine.items():
+    version, unsure = cache.version, not store.feed_topics
+    for ident, entry in last.items():
         held = cache.get(*ident)
+        # Only entries of these topics or of an object the cache holds concern it (one that left
+        # the topics is then deleted). Where an entry may name the table for the topic (etcd's
+        # update that kept it, Store.feed_topics), an update of an object the cache does not hold
+        # is read too: only the object tells whether it is of these topics.
+        if held is None and entry.topic not in topics and not (
+                unsure and entry.topic == entry.table and entry.action is not _DELETE):
+            continue
         if entry.action is _DELETE:
             if held is not None:
                 deleted.append((ident, entry.revision))
@@ -139,18 +145,6 @@ def _read(store: Store, after: int, head: int, max_entries: int) -> tuple[dict[t
         return last, reader.position, count
     finally:
         reader.close()
-
-
-def _relevant(store: Store, cache: VersionedCache, topics: set[str], last: dict[tuple[str, str], FeedEntry]
-              ) -> dict[tuple[str, str], FeedEntry]:
-    """The entries that concern the cache: of its topics, or of an object it holds (one that left
-    its topics is then deleted from it). Where an entry may name the table for the topic (etcd's
-    update that kept its topic, :attr:`Store.feed_topics`), an update of an object the cache does
-    not hold is read too: only the object tells whether it is of these topics."""
-    unsure = not store.feed_topics
-    return {ident: e for ident, e in last.items()
-            if e.topic in topics or cache.get(*ident) is not None
-            or (unsure and e.topic == e.table and e.action is not _DELETE)}
 
 
 def _fetch(store: Store, refs: list[tuple[str, str]]) -> list[VersionedObject]:
