@@ -172,10 +172,33 @@ def _check_size(data: bytes | memoryview, max_bytes: int) -> None:
         raise DecodeError("oversize", f"{len(data)} bytes > limit {max_bytes}")
 
 
-def _msgpack_error(exc: Exception) -> DecodeError:
-    if isinstance(exc, msgpack.OutOfData) or "incomplete input" in str(exc):
+def _msgpack_error(exc: Exception, data: bytes | memoryview) -> DecodeError:
+    """The reason of a frame msgpack could not read: the structure decides before the content
+    (docs/protocol.md §6.1), so a frame that ends inside its object is ``truncated`` even if
+    a str before the end is not UTF-8, or a container counts more items than bytes are left."""
+    if isinstance(exc, msgpack.OutOfData) or "incomplete input" in str(exc) or _ends_early(data):
         return DecodeError("truncated", "frame ends inside the envelope")
     return DecodeError("not_msgpack", str(exc)[:200])
+
+
+_NO_LIMIT = (1 << 31) - 1
+
+
+def _ends_early(data: bytes | memoryview) -> bool:
+    """Whether the structure of the frame's object runs past its end, content not looked at.
+
+    Skipping builds no object, so the counts a header claims need no limit.
+    """
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1), max_str_len=_NO_LIMIT, max_bin_len=_NO_LIMIT,
+                                max_array_len=_NO_LIMIT, max_map_len=_NO_LIMIT, max_ext_len=_NO_LIMIT)
+    unpacker.feed(data)
+    try:
+        unpacker.skip()
+    except msgpack.OutOfData:
+        return True
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return False  # 0xc1 or nesting too deep: met before the end
+    return False
 
 
 def decode(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
@@ -188,7 +211,7 @@ def decode(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     except msgpack.ExtraData as exc:
         raise DecodeError("malformed", "trailing bytes after the envelope") from exc
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise _msgpack_error(exc) from exc
+        raise _msgpack_error(exc, data) from exc
     if type(obj) is not dict:
         raise _malformed(f"envelope must be a map, got {type(obj).__name__}")
     env = _envelope(obj, data)
@@ -216,6 +239,7 @@ def decode_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
     obj: dict[str, object] = {}
+    unchecked = False  # an events array skipped without looking inside its items
     try:
         try:
             n = unpacker.read_map_header()
@@ -235,6 +259,7 @@ def decode_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE
                     obj[key] = None
                     continue
                 obj[key] = count
+                unchecked = True
                 if not check_events and i == n - 1:
                     break
                 for _ in range(count):
@@ -242,10 +267,14 @@ def decode_header(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE
             else:
                 obj[key] = unpacker.unpack()
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise _msgpack_error(exc) from exc
+        raise _msgpack_error(exc, data) from exc
     if check_events and unpacker.tell() != len(data):
         raise _malformed("trailing bytes after the envelope")
     env = _envelope(obj, data)
+    if unchecked and type(env) is not EventBatch:
+        # Only an event envelope's events wait for stage 2: a hello or bye has none, so the
+        # content of an "events" key in it is checked now, like the rest of the frame.
+        decode(data, max_bytes)
     if type(env) is EventBatch:
         count = obj.get("events")
         if type(count) is not int:
@@ -349,7 +378,7 @@ def _check_events(data: bytes | memoryview, start: int) -> None:
     try:
         unpacker.skip()
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise _msgpack_error(exc) from exc
+        raise _msgpack_error(exc, data) from exc
     if unpacker.tell() != rest:
         raise _malformed("trailing bytes after the envelope")
 

@@ -83,13 +83,14 @@ class PubSubSettings(_Section):
     max_held_bytes: int = Field(64 << 20, ge=1024, description="Bytes of envelopes a subscriber holds over all "
                                                                "streams while gaps are open.")
     max_seq_jump: int = Field(
-        100_000, ge=1, description="An envelope or hello this far past a stream's expected sequence restarts the "
-                                   "stream after a resync instead of opening a gap (a forged or corrupt number).")
+        100_000, ge=1, description="An envelope or hello this far below a stream's expected sequence restarts the "
+                                   "stream there, with a resync (only a forged number can put a stream that far "
+                                   "ahead of its publisher).")
     max_hello_idle: float = Field(3600.0, gt=0, description="Largest max_idle_time a subscriber believes of a "
                                                             "hello; larger ones are clamped.")
     forget_silent_after: float = Field(
         3600.0, gt=0, description="Seconds after which a silent publisher whose hellos turn dead-publisher "
-                                  "detection off (max_idle_time <= 0) is forgotten.")
+                                  "detection off (max_idle_time <= 0, NaN or infinite) is forgotten.")
     multiproc: bool = Field(
         False, description="Publish through the host's publisher service (forked API workers) instead of binding."
     )

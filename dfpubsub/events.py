@@ -10,6 +10,7 @@ See docs/protocol.md for the wire form.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -26,12 +27,20 @@ __all__ = [
     "CONTROL_TOPIC",
     "MAX_TOPIC_BYTES",
     "validate_topic",
+    "MAX_KEPT_ID",
+    "MAX_KEPT_TEXT",
+    "kept_id",
+    "kept_text",
 ]
 
 #: Topic on which hellos and byes travel; every subscriber listens to it.
 CONTROL_TOPIC = "$ctl"
 #: Longest topic name, in UTF-8 bytes.
 MAX_TOPIC_BYTES = 255
+#: Longest publisher id a receiver keeps as it is, in characters (dfpubsub's are 32).
+MAX_KEPT_ID = 128
+#: Longest informational string (publisher name, host) a receiver keeps, in characters.
+MAX_KEPT_TEXT = 255
 
 
 class Action(str, enum.Enum):
@@ -162,3 +171,20 @@ def validate_topic(topic: object) -> str:
     if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES:
         raise InvalidEvent(f"topic longer than {MAX_TOPIC_BYTES} bytes: {topic[:40]!r}...")
     return topic
+
+
+def kept_id(pid: str) -> str:
+    """``pid`` itself, or for one longer than :data:`MAX_KEPT_ID` a stand-in of bounded size
+    that still tells ids apart: its head and a 128-bit digest of the whole.
+
+    Anyone who reaches a subscriber chooses the ids it keeps state under: a megabyte id must
+    not cost a megabyte per publisher tracked (docs/security.md).
+    """
+    if len(pid) <= MAX_KEPT_ID:
+        return pid
+    return pid[:64] + "~" + hashlib.blake2b(pid.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def kept_text(text: str) -> str:
+    """``text`` cut to :data:`MAX_KEPT_TEXT` characters (for strings that only inform)."""
+    return text if len(text) <= MAX_KEPT_TEXT else text[:MAX_KEPT_TEXT]

@@ -25,8 +25,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from .codec import decode_header, encode_hello, hello_parts
-from .errors import DecodeError, TransportError
-from .events import CONTROL_TOPIC, Bye, EventBatch, Hello
+from .errors import DecodeError, InvalidEvent, TransportError
+from .events import CONTROL_TOPIC, Bye, EventBatch, Hello, kept_text, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
 from .transport import IngressTransport, PublisherTransport
@@ -147,7 +147,7 @@ class Relay:
             return True
         if worker is None:
             worker = self._workers[env.publisher_id] = _Worker(
-                env.publisher_name, "", self.options.max_idle_time, now
+                self._kept(env.publisher_name, "name"), "", self.options.max_idle_time, now
             )
             self.stats.inc("workers_seen")
         worker.last_seen = now
@@ -155,12 +155,28 @@ class Relay:
             worker.seqs[topic] = env.seq + env.count - 1
             self._topics[topic] = self._topics.get(topic, 0) + 1
         elif isinstance(env, Hello):
-            worker.host = env.host
+            worker.host = self._kept(env.host, "host")
             # 0 or less included: that worker sends no idle hellos and is never taken as dead.
             worker.max_idle = env.max_idle_time
             for t, seq in env.seqs.items():
-                if seq > worker.seqs.get(t, 0):
+                if seq > worker.seqs.get(t, 0) and self._valid_topic(t):
                     worker.seqs[t] = seq
+        return True
+
+    def _kept(self, text: str, name: str) -> str:
+        """A worker's name or host as kept (and re-sent in welcomes): at most 255 characters."""
+        kept = kept_text(text)
+        if kept is not text:
+            self.stats.inc("strings_clamped", reason=name)
+        return kept
+
+    def _valid_topic(self, topic: str) -> bool:
+        """Whether a hello's topic is one a publisher may send on; no subscriber takes another."""
+        try:
+            validate_topic(topic)
+        except InvalidEvent:
+            self.stats.inc("drops", reason="invalid_topic")
+            return False
         return True
 
     def _send(self, topic: str, frame: bytes | memoryview) -> bool:

@@ -4,15 +4,16 @@ The tracker is pure logic (no threads, no clock of its own: every call takes
 ``now``), so it can be tested exhaustively. It turns the envelopes a
 subscriber receives into batches that are safe to deliver in order, and into
 :class:`ResyncRequest` s for the topics where something was lost.
-The rules are those of docs/reliability.md.
+The rules are those of docs/protocol.md §8 (docs/reliability.md explains them).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from .events import Bye, EventBatch, Hello
+from .events import MAX_KEPT_ID, Bye, EventBatch, Hello, kept_id
 from .metrics import Stats
 
 __all__ = ["ResyncRequest", "SequenceTracker", "TrackerLimits"]
@@ -27,13 +28,14 @@ class TrackerLimits:
     max_publishers: int = 10_000
     #: Bytes of envelopes held over all streams while gaps are open.
     max_held_bytes: int = 64 << 20
-    #: An envelope or hello this far past the expected sequence (a forged or corrupt number,
-    #: or a loss that large) restarts its stream after a resync instead of opening a gap.
+    #: An envelope or hello this far *below* the expected sequence restarts its stream there:
+    #: a publisher sends in order, so only a number someone else made up can have moved the
+    #: stream that far past the publisher's real one.
     max_seq_jump: int = 100_000
-    #: A hello's max_idle_time above this is taken as this.
+    #: A hello's finite, positive max_idle_time above this is taken as this.
     max_hello_idle: float = 3600.0
     #: Seconds after which a silent publisher whose hellos turn dead-publisher detection off
-    #: (max_idle_time <= 0) is forgotten all the same.
+    #: (max_idle_time <= 0, NaN or infinite) is forgotten all the same.
     forget_silent_after: float = 3600.0
 
 
@@ -53,29 +55,31 @@ class ResyncRequest:
 
 @dataclass(slots=True)
 class _Stream:
-    #: The sequence expected next; 0 after a restart: the next envelope or hello sets it.
+    #: The sequence expected next.
     next: int
     high: int = 0
     held: dict[int, EventBatch] = field(default_factory=dict)
     deadline: float | None = None
-    #: A run of numbers skipped unseen, [skipped_from, skipped_to) (a first contact mid-stream,
-    #: or a gap given up on that only a hello claimed); 0, 0: none. An envelope or a hello inside
-    #: it shows the publisher really is lower than a claim made by someone else (forged, or
-    #: the run arrives late): the stream steps down to it instead of dropping the real events as
-    #: duplicates. It only ever steps down, so a forged claim cannot take it up again.
-    skipped_from: int = 0
-    skipped_to: int = 0
-
-    def rebase(self, seq: int) -> None:
-        """Go on from ``seq``, inside the skipped run: what lies below stays skipped."""
-        self.next = self.skipped_to = seq
+    #: When not 0, the numbers [claimed_from, next) were passed on a hello's word alone and
+    #: nothing at or above them was received since (a first contact by a hello, or a gap only a
+    #: hello claimed, given up). An envelope or a hello inside that run shows where the publisher
+    #: really is (the claim was someone else's, or the run arrives late): the stream steps down
+    #: to it. Nothing above it was delivered, so stepping down keeps delivery in order, never
+    #: twice; the first envelope delivered closes the run (protocol.md §8.6).
+    claimed_from: int = 0
+    #: The first hole [hole_from, hole_to] of the last gap given up on with envelopes held
+    #: above it (0, 0: none). Numbers above it were delivered, so an envelope arriving in it
+    #: is not delivered, but it may carry a change made after that give-up's resync (its
+    #: publisher was behind a forged envelope, or it was delayed past the window): resynced.
+    hole_from: int = 0
+    hole_to: int = 0
 
 
 @dataclass(slots=True)
 class _Peer:
-    name: str
+    # No name: a publisher's name is informational, and a kept one costs what its hello says.
     last_seen: float
-    #: Advertised by its last hello; None before one came. 0 or less: it sends no idle hellos.
+    #: Advertised by its last hello (clamped); None before one came. 0: it sends no idle hellos.
     max_idle: float | None = None
     #: The subscribed topics when the last part of its last hello came (None: no hello yet).
     hello_topics: Collection[str] | None = None
@@ -120,45 +124,52 @@ class SequenceTracker:
 
     def on_batch(self, batch: EventBatch, now: float) -> list[EventBatch]:
         """Take one event envelope; return the batches now deliverable, in order."""
-        peer = self._peer(batch.publisher_id, batch.publisher_name, now)
+        pid = batch.publisher_id
+        if len(pid) > MAX_KEPT_ID:
+            pid = self._key(pid)
+        peer = self._peer(pid, now)
         topic = batch.topic
         st = peer.streams.get(topic)
-        if st is None or not st.next:
-            if st is None and peer.hello_topics is not None and topic in peer.hello_topics:
+        if st is None:
+            if peer.hello_topics is not None and topic in peer.hello_topics:
                 # Its hello did not list a topic we already took: the stream began after it, at 1.
                 st = peer.streams[topic] = _Stream(next=1)
             else:
-                # Never heard of it: what came before may be newer than our last sync.
-                st = peer.streams[topic] = _Stream(next=batch.seq)
-                if batch.seq > 1:
-                    st.skipped_from, st.skipped_to = 1, batch.seq
-                    self._request(topic, "first_seen", batch.publisher_id, (1, batch.seq - 1))
+                st = self._first_contact(pid, peer, topic, batch.seq)
         if batch.seq > st.next:
-            if batch.seq - st.next > self.limits.max_seq_jump:
-                self._restart(batch.publisher_id, peer, topic, batch.count)
-                return []
-            return self._hold(batch.publisher_id, topic, st, batch, now)
-        if st.skipped_from <= batch.seq < st.skipped_to and batch.last_seq < st.next:
-            st.rebase(batch.seq)  # see _Stream.skipped_from
-            self.stats.inc("streams_rebased")
+            return self._hold(pid, topic, st, batch, now)
+        if batch.seq < st.next:
+            st = self._below(pid, peer, topic, st, batch)
         out: list[EventBatch] = []
         self._append_new(st, batch, out)
         if st.held:
             self._drain(st, out)
         if st.deadline is not None and not st.held and st.high < st.next:
             st.deadline = None
-            self._open.discard((batch.publisher_id, topic))
+            self._open.discard((pid, topic))
             self.stats.inc("gaps_filled")
-            self._forget_if_gone(batch.publisher_id, peer)
+            self._forget_if_gone(pid, peer)
         return out
+
+    def _below(self, pid: str, peer: _Peer, topic: str, st: _Stream, batch: EventBatch) -> _Stream:
+        """An envelope that starts below ``next``: step down, restart, or a late one in a hole
+        (protocol.md §8.3 step 4); the part at or above ``next`` is delivered all the same."""
+        if st.claimed_from and st.claimed_from <= batch.seq:
+            st.next = batch.seq  # see _Stream.claimed_from
+            self.stats.inc("streams_rebased")
+        elif st.next - batch.seq > self.limits.max_seq_jump:
+            return self._restart(pid, peer, topic, batch.seq)
+        elif st.hole_from <= batch.seq <= st.hole_to:
+            self._request(topic, "late", pid, (batch.seq, min(batch.last_seq, st.hole_to)))
+        return st
 
     def on_hello(self, hello: Hello | Bye, now: float) -> None:
         """Take a hello or bye: register the publisher, open gaps it reveals."""
-        pid = hello.publisher_id
-        peer = self._peer(pid, hello.publisher_name, now)
+        pid = self._key(hello.publisher_id)
+        peer = self._peer(pid, now)
         known_topics = peer.hello_topics or ()
         if isinstance(hello, Hello):
-            peer.max_idle = min(hello.max_idle_time, self.limits.max_hello_idle)
+            peer.max_idle = self._max_idle(hello.max_idle_time)
             # Only a hello's last part says that a topic it does not list has not been used.
             if not hello.more:
                 peer.hello_topics = self.topics
@@ -172,16 +183,18 @@ class SequenceTracker:
             st = peer.streams.get(topic)
             if st is None and topic in known_topics:
                 st = peer.streams[topic] = _Stream(next=1)
-            if st is None or not st.next:
-                st = peer.streams[topic] = _Stream(next=seq + 1)
+            if st is None:
+                st = self._first_contact(pid, peer, topic, seq + 1)
                 if seq > 0:
-                    st.skipped_from, st.skipped_to = 1, seq + 1
-                    self._request(topic, "first_seen", pid, (1, seq))
-            elif seq - st.next > self.limits.max_seq_jump:
-                self._restart(pid, peer, topic, 0)
-            elif st.skipped_from <= seq + 1 < st.skipped_to and seq + 1 < st.next:
-                st.rebase(seq + 1)  # see _Stream.skipped_from
+                    st.claimed_from = 1
+            elif st.claimed_from and st.claimed_from <= seq + 1 < st.next:
+                st.next = seq + 1  # see _Stream.claimed_from
+                if st.next == st.claimed_from:
+                    st.claimed_from = 0
                 self.stats.inc("streams_rebased")
+            elif st.next - (seq + 1) > self.limits.max_seq_jump:
+                # Taken up like a first contact by this hello, whose claim may be false too.
+                self._restart(pid, peer, topic, seq + 1).claimed_from = 1 if seq > 0 else 0
             elif seq >= st.next and seq > st.high:
                 # The publisher sent more than we have: lost, or still in flight on
                 # a transport that reorders; the delay window decides.
@@ -243,15 +256,34 @@ class SequenceTracker:
 
     # -- internals ----------------------------------------------------------
 
-    def _peer(self, pid: str, name: str, now: float) -> _Peer:
+    def _key(self, pid: str) -> str:
+        key = kept_id(pid)
+        if key is not pid:
+            self.stats.inc("strings_clamped", reason="pub")
+        return key
+
+    def _peer(self, pid: str, now: float) -> _Peer:
         peer = self.peers.get(pid)
         if peer is None:
             if len(self.peers) >= self.limits.max_publishers:
                 self._evict()
-            peer = self.peers[pid] = _Peer(name, now)
+            peer = self.peers[pid] = _Peer(now)
         else:
             peer.last_seen = now
         return peer
+
+    def _max_idle(self, advertised: float) -> float:
+        """The max_idle_time believed of a hello: 0 (no idle hellos) unless positive and finite."""
+        if not (advertised > 0 and math.isfinite(advertised)):
+            return 0.0
+        return min(advertised, self.limits.max_hello_idle)
+
+    def _first_contact(self, pid: str, peer: _Peer, topic: str, next_seq: int) -> _Stream:
+        """A stream met past its start: what came before may be newer than our last sync."""
+        st = peer.streams[topic] = _Stream(next=next_seq)
+        if next_seq > 1:
+            self._request(topic, "first_seen", pid, (1, next_seq - 1))
+        return st
 
     def _evict(self) -> None:
         """Forget the longest silent eighth of the publishers (at least one), resyncing their
@@ -263,14 +295,18 @@ class SequenceTracker:
             self.forget_publisher(pid, dropped, reason="publisher_evicted")
         self.stats.inc("drops", n, reason="publisher_evicted")
 
-    def _restart(self, pid: str, peer: _Peer, topic: str, events: int) -> None:
-        """Restart a stream whose sequence jumped past ``max_seq_jump``: its next envelope or
-        hello starts it anew (a first contact: ``next`` 0), and the topic is resynced meanwhile."""
-        self._release(peer.streams[topic])
-        peer.streams[topic] = _Stream(next=0)
+    def _restart(self, pid: str, peer: _Peer, topic: str, next_seq: int) -> _Stream:
+        """Start a stream anew at ``next_seq``, more than ``max_seq_jump`` below where it was:
+        a number someone else made up moved it there. What it held is dropped and the topic
+        resynced, since the duplicates it dropped meanwhile may have been the publisher's."""
+        old = peer.streams[topic]
+        self.stats.inc("drops", sum(b.count for b in old.held.values()), reason="seq_jump")
+        self._release(old)
         self._open.discard((pid, topic))
-        self.stats.inc("drops", max(events, 1), reason="seq_jump")
+        st = peer.streams[topic] = _Stream(next=next_seq)
+        self.stats.inc("streams_restarted")
         self._request(topic, "seq_jump", pid, None)
+        return st
 
     def _release(self, st: _Stream) -> None:
         self._held_bytes -= sum(_size(b) for b in st.held.values())
@@ -326,6 +362,8 @@ class SequenceTracker:
             )
         out.append(batch)
         st.next = last + 1
+        if st.claimed_from:
+            st.claimed_from = 0
 
     def _drain(self, st: _Stream, out: list[EventBatch]) -> None:
         held = st.held
@@ -352,13 +390,15 @@ class SequenceTracker:
 
     def _give_up(self, pid: str, topic: str, st: _Stream, out: list[EventBatch], reason: str) -> None:
         self._request(topic, reason, pid, self._missing(st))
+        if st.held and (first := min(st.held)) > st.next:
+            st.hole_from, st.hole_to = st.next, first - 1
         for seq in sorted(st.held):
             batch = st.held[seq]
             if seq > st.next:
                 st.next = seq
             self._append_new(st, batch, out)
-        if not st.held and st.high >= st.next:
-            st.skipped_from, st.skipped_to = st.next, st.high + 1  # only a hello claimed this run
+        if not st.held and st.high >= st.next and not st.claimed_from:
+            st.claimed_from = st.next  # only a hello claimed this run
         self._release(st)
         st.next = max(st.next, st.high + 1)
         st.deadline = None

@@ -13,6 +13,7 @@ file's ``format`` member and in docs/protocol.md §11).
 from __future__ import annotations
 
 import json
+import math
 import struct
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = ["vectors", "scenarios", "document", "main"]
 
 PID = "0123456789abcdef0123456789abcdef"
 PID2 = "fedcba9876543210fedcba9876543210"
+PID3 = "00000000000000000000000000000003"
 MAX_SEQ = (1 << 63) - 1
 LIMIT = 1 << 20
 
@@ -200,6 +202,9 @@ def vectors() -> list[dict[str, Any]]:
            "'events' is an unknown key in a hello, whatever its type"),
         ok("bye_with_events_array", hello_frame(kind="bye", seqs=fmap(("port", 8)), extra=(("events", farr(1)),)),
            bye_json()),
+        ok("value_repeated_key_last_wins", event_frame(events=farr(ev(value=fmap(("a", 1), ("b", 2), ("a", 3))))),
+           batch_json(events=[event_json(value={"a": 3, "b": 2})]),
+           "a key repeated inside a value: the last occurrence counts, as for envelope keys (§4.1)"),
         ok("exactly_the_limit", example, batch_json(events=[e1, e2]), max_message_bytes=len(example)),
         # --- rejected before any state changes (stage "header") -------------------------------------
         bad("oversize", example, "oversize", "header", "one byte over the limit", max_message_bytes=len(example) - 1),
@@ -214,6 +219,21 @@ def vectors() -> list[dict[str, Any]]:
         bad("bad_utf8_before_not_a_map", Raw(b"\x91\xa1\xff"), "not_msgpack", "header",
             "msgpack validity is checked before the top-level type"),
         bad("truncated_before_not_a_map", Raw(b"\x92\x01"), "truncated", "header"),
+        bad("bad_utf8_then_truncated", Raw(b"\x82\xa1\xff"), "truncated", "header",
+            "a str that is not UTF-8, then the frame ends inside the map: the structure decides first (§6.1)"),
+        bad("bad_utf8_in_events_then_truncated", event_frame(events=farr(ev(value=Raw(b"\xa1\xff"))))[:-3],
+            "truncated", "header"),
+        bad("reserved_byte_then_truncated", Raw(b"\x93\xc1"), "not_msgpack", "header",
+            "0xc1 is met before the end: the structure is broken there"),
+        bad("count_beyond_the_frame", Raw(b"\x93\x01"), "truncated", "header",
+            "an array of 3 with 1 item: a count larger than the bytes left is a frame that ends early"),
+        bad("map_count_beyond_the_frame", Raw(b"\x89" + event_frame()[1:]), "truncated", "header",
+            "the envelope map says 9 entries and holds 8"),
+        bad("hello_events_key_bad_utf8", hello_frame(extra=(("events", farr(Raw(b"\xa1\xff"))),)), "not_msgpack",
+            "header", "a hello has no stage 2: every str in it is checked in stage 1, an unknown key's too"),
+        bad("bye_events_key_reserved_extension",
+            hello_frame(kind="bye", seqs=fmap(("port", 8)), extra=(("events", farr(Raw(b"\xd4\xfe\x01"))),)),
+            "not_msgpack", "header"),
         bad("top_level_not_a_map", farr("v", 1), "malformed", "header"),
         bad("trailing_bytes", Raw(example + b"\xc0"), "malformed", "header"),
         bad("trailing_before_version", Raw(event_frame(v=2) + b"\x00"), "malformed", "header",
@@ -295,6 +315,7 @@ def scenarios() -> list[dict[str, Any]]:
         return _frame("event", seq=seq, events=farr(*[ev(version=seq + i) for i in range(n)]), **kw)
 
     bad_event = _frame("event", seq=3, events=farr(ev(), ev(version=-1)))
+    held_limit = 2 * len(bytes.fromhex(port(3))) + 10  # room for two held envelopes, not three
     return [
         {"name": "bad_event_is_repaired_at_once_without_a_gap",
          "note": "stage 2 rejects seq 3..4: they are consumed, resynced as bad_event, and 5 follows without a gap",
@@ -355,6 +376,88 @@ def scenarios() -> list[dict[str, Any]]:
          "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("event", topic="other", seq=9)},
                    {"at": 0.2, "hex": port(2)}],
          "delivered": [[PID, "port", 1], [PID, "port", 2]], "resyncs": []},
+        # --- §8.6: what a stream does below next, far ahead of it, far below it ---------------------
+        {"name": "below_a_first_contact_is_a_duplicate",
+         "note": "5 was delivered: 3 arriving after it is covered by the first_seen resync, never delivered out "
+                 "of order, and 6 follows 5 without a gap",
+         "steps": [{"at": 0.0, "hex": port(5)}, {"at": 0.1, "hex": port(3)}, {"at": 0.2, "hex": port(6)},
+                   {"at": 1.0}],
+         "delivered": [[PID, "port", 5], [PID, "port", 6]], "resyncs": [["port", "first_seen", PID, [1, 4]]]},
+        {"name": "late_inside_a_given_up_hole_is_resynced",
+         "note": "3 arrives after the gap [2, 4] was given up and 5 delivered: not delivered (it would be out of "
+                 "order) but resynced, since it may carry a change made after the gap's resync",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(5)}, {"at": 0.61},
+                   {"at": 0.7, "hex": port(3)}, {"at": 0.8, "hex": port(6)}, {"at": 0.9, "hex": port(5)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 5], [PID, "port", 6]],
+         "resyncs": [["port", "gap_expired", PID, [2, 4]], ["port", "late", PID, [3, 3]]]},
+        {"name": "a_run_only_a_hello_claimed_steps_down",
+         "note": "the hello's 50000 is never received: after the gap expires, 3 (inside the claimed run, nothing "
+                 "delivered above it) steps the stream down and is delivered; its duplicate is not",
+         "steps": [{"at": 0.0, "hex": port(1, 2)}, {"at": 0.1, "hex": _frame("hello", seqs=fmap(("port", 50000)))},
+                   {"at": 0.7}, {"at": 0.8, "hex": port(3)}, {"at": 0.9, "hex": port(3)},
+                   {"at": 1.0, "hex": port(4)}, {"at": 2.0}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 3], [PID, "port", 4]],
+         "resyncs": [["port", "gap_expired", PID, [3, 50000]]]},
+        {"name": "a_first_contact_by_hello_steps_down",
+         "note": "first contact by a hello at 9: 4 is inside the run the hello claimed and nothing above was "
+                 "received, so it is delivered; 4 again is a duplicate",
+         "steps": [{"at": 0.0, "hex": _frame("hello", seqs=fmap(("port", 9)))}, {"at": 0.1, "hex": port(4)},
+                   {"at": 0.2, "hex": port(5)}, {"at": 0.3, "hex": port(4)}, {"at": 1.0}],
+         "delivered": [[PID, "port", 4], [PID, "port", 5]], "resyncs": [["port", "first_seen", PID, [1, 9]]]},
+        {"name": "a_jump_beyond_max_seq_jump_is_held_resynced_and_delivered",
+         "note": "100003 is 100001 past next: a gap like any other, its envelope delivered when it expires",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(100003)}, {"at": 0.59}, {"at": 0.61},
+                   {"at": 0.7, "hex": port(100004)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 100003], [PID, "port", 100004]],
+         "resyncs": [["port", "gap_expired", PID, [2, 100002]]]},
+        {"name": "far_below_the_stream_restarts_it",
+         "note": "a forged envelope at 2^63-1 is held, the real 2 is delivered meanwhile, the gap expires and the "
+                 "forged one is delivered; the real 3, more than max_seq_jump below next, restarts the stream there",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(MAX_SEQ)}, {"at": 0.2, "hex": port(2)},
+                   {"at": 0.61}, {"at": 0.7, "hex": port(3)}, {"at": 0.8, "hex": port(4)},
+                   {"at": 0.9, "hex": port(3)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", MAX_SEQ], [PID, "port", 3],
+                       [PID, "port", 4]],
+         "resyncs": [["port", "gap_expired", PID, [3, MAX_SEQ - 1]], ["port", "seq_jump", PID, None]]},
+        {"name": "a_forged_first_contact_far_ahead_restarts_at_the_real_stream",
+         "steps": [{"at": 0.0, "hex": port(1 << 62)}, {"at": 0.1, "hex": port(7)}, {"at": 0.2, "hex": port(8)}],
+         "delivered": [[PID, "port", 1 << 62], [PID, "port", 7], [PID, "port", 8]],
+         "resyncs": [["port", "first_seen", PID, [1, (1 << 62) - 1]], ["port", "seq_jump", PID, None]]},
+        {"name": "more_than_max_held_envelopes_give_up_at_once", "settings": {"max_held": 2},
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(3)}, {"at": 0.1, "hex": port(4)},
+                   {"at": 0.1, "hex": port(5)}, {"at": 0.2, "hex": port(6)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 3], [PID, "port", 4], [PID, "port", 5], [PID, "port", 6]],
+         "resyncs": [["port", "hold_overflow", PID, [2, 2]]]},
+        {"name": "more_than_max_held_bytes_give_up_at_once", "settings": {"max_held_bytes": held_limit},
+         "note": "the frames held over all streams: two fit, the third does not",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.0, "hex": port(1, topic="net")},
+                   {"at": 0.1, "hex": port(3)}, {"at": 0.1, "hex": port(3, topic="net")},
+                   {"at": 0.1, "hex": port(4)}, {"at": 0.2, "hex": port(2, topic="net")}],
+         "delivered": [[PID, "port", 1], [PID, "net", 1], [PID, "port", 3], [PID, "port", 4], [PID, "net", 2],
+                       [PID, "net", 3]],
+         "resyncs": [["port", "hold_overflow", PID, [2, 2]]]},
+        # --- §8.7: hellos that would make a publisher immortal, and too many publishers --------------
+        {"name": "max_idle_infinite_or_nan_is_never_dead_but_forgotten_after_silence",
+         "note": "+inf and NaN mean no idle hellos (§4.4): never taken as dead, but forgotten after "
+                 "forget_silent_after of silence",
+         "steps": [{"at": 0.0, "hex": _frame("hello", max_idle=math.inf, seqs=fmap(("port", 0)))},
+                   {"at": 0.0, "hex": _frame("hello", max_idle=math.nan, seqs=fmap(("port", 0)), pub=PID2)},
+                   {"at": 0.1, "hex": port(1)}, {"at": 0.1, "hex": port(1, pub=PID2)},
+                   {"at": 1000.0}, {"at": 3600.05}, {"at": 3600.2}],
+         "delivered": [[PID, "port", 1], [PID2, "port", 1]],
+         "resyncs": [["port", "publisher_silent", PID, None], ["port", "publisher_silent", PID2, None]]},
+        {"name": "max_idle_above_max_hello_idle_is_taken_as_it",
+         "note": "10^9 s is believed as 3600 s: dead after K x 3600 s of silence",
+         "steps": [{"at": 0.0, "hex": _frame("hello", max_idle=1e9, seqs=fmap(("port", 0)))},
+                   {"at": 10800.0}, {"at": 10800.1}],
+         "delivered": [], "resyncs": [["port", "publisher_lost", PID, None]]},
+        {"name": "publishers_beyond_max_publishers_evict_the_longest_silent", "settings": {"max_publishers": 2},
+         "steps": [{"at": 0.0, "hex": _frame("hello", seqs=fmap(("port", 0)))},
+                   {"at": 0.1, "hex": _frame("hello", seqs=fmap(("port", 0)), pub=PID2)},
+                   {"at": 0.2, "hex": _frame("hello", seqs=fmap(("port", 0)), pub=PID3)},
+                   {"at": 0.3, "hex": port(1)}],
+         "delivered": [[PID, "port", 1]],
+         "resyncs": [["port", "publisher_evicted", PID, None], ["port", "publisher_evicted", PID2, None]]},
     ]
 
 
@@ -370,9 +473,10 @@ FORMAT = {
               "integers may exceed 2^53",
     "stage": "header: the frame is dropped and changes no state; events: the header is taken (its sequences "
              "are consumed) and the envelope's range resynced with reason bad_event; any: either",
-    "scenarios": "subscriber of topics, default settings; steps at local times in seconds: with hex, the frame "
-                 "arrives; without, time passes (gaps and dead publishers are checked at each step). Compare "
-                 "delivered (pub, topic, seq) and resyncs [topic, reason, pub, missing] in order",
+    "scenarios": "subscriber of topics, the settings of 'subscriber' (§8.2) with a scenario's own 'settings' over "
+                 "them; steps at local times in seconds: with hex, the frame arrives; without, time passes (gaps "
+                 "and dead publishers are checked at each step, after the step's frame). Compare delivered (pub, "
+                 "topic, seq) and resyncs [topic, reason, pub, missing] in order",
 }
 
 
@@ -382,7 +486,9 @@ def document() -> dict[str, Any]:
         "format": FORMAT,
         "max_message_bytes": LIMIT,
         "subscriber": {"topics": ["port", "net"], "message_delay_window": 0.5, "max_held": 1024,
-                       "dead_after_idles": 3, "max_idle_time": 5.0},
+                       "dead_after_idles": 3, "max_idle_time": 5.0, "max_held_bytes": 64 << 20,
+                       "max_seq_jump": 100_000, "max_hello_idle": 3600.0, "forget_silent_after": 3600.0,
+                       "max_publishers": 10_000},
         "vectors": vectors(),
         "scenarios": scenarios(),
     }

@@ -26,7 +26,7 @@ from dfpubsub.codec import decode, decode_events, decode_header
 from dfpubsub.errors import DecodeError
 from dfpubsub.events import CONTROL_TOPIC, Bye, EventBatch, Hello
 from dfpubsub.metrics import Stats
-from dfpubsub.tracker import SequenceTracker
+from dfpubsub.tracker import SequenceTracker, TrackerLimits
 from tests.conftest import wait_for
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "protocol-vectors.json"
@@ -54,6 +54,10 @@ def test_names_are_unique_and_every_outcome_is_covered():
     assert errors == {"oversize", "truncated", "not_msgpack", "malformed", "schema_version"}
     stages = {v["expect"]["stage"] for v in DOC["vectors"] if "error" in v["expect"]}
     assert stages == {"header", "events", "any"}
+    # Every reason of §8.8 a frame can cause ("subscribed" is the application's doing).
+    reasons = {r[1] for sc in DOC["scenarios"] for r in sc["resyncs"]}
+    assert reasons == {"first_seen", "gap_expired", "hold_overflow", "bad_event", "publisher_lost", "late",
+                       "seq_jump", "publisher_silent", "publisher_evicted"}
 
 
 def norm(value: Any) -> Any:
@@ -144,11 +148,13 @@ def test_vector(vec):
 
 def run_scenario(sc: dict[str, Any]) -> tuple[list, list]:
     """Feed the steps to a tracker as the subscriber's receive and dispatch threads do."""
-    sub = DOC["subscriber"]
+    sub = DOC["subscriber"] | sc.get("settings", {})
     limit = DOC["max_message_bytes"]
     topics = frozenset(sub["topics"])
+    limits = TrackerLimits(sub["max_publishers"], sub["max_held_bytes"], sub["max_seq_jump"], sub["max_hello_idle"],
+                           sub["forget_silent_after"])
     tracker = SequenceTracker(topics, sub["message_delay_window"], Stats("subscriber", "vectors"),
-                              sub["max_held"], sub["dead_after_idles"], sub["max_idle_time"])
+                              sub["max_held"], sub["dead_after_idles"], sub["max_idle_time"], limits)
     delivered: list = []
     resyncs: list = []
 
@@ -188,7 +194,8 @@ def test_scenario(sc):
 
 @pytest.mark.parametrize("name", ["bad_event_is_repaired_at_once_without_a_gap", "split_hello_at_first_contact",
                                   "foreign_topic_changes_nothing", "duplicates_and_reorder_within_the_window",
-                                  "first_seen_mid_stream"])
+                                  "first_seen_mid_stream", "below_a_first_contact_is_a_duplicate",
+                                  "a_forged_first_contact_far_ahead_restarts_at_the_real_stream"])
 def test_the_subscriber_does_what_the_scenario_says(name):
     """The real Subscriber (threads, stage 2 at delivery) on the in-process bus, frames sent as they are."""
     sc = next(s for s in DOC["scenarios"] if s["name"] == name)

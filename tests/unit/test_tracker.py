@@ -1,7 +1,11 @@
+import gc
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dfpubsub.events import Action, Bye, Event, EventBatch, Hello
+from dfpubsub.codec import decode_header, encode_hello
+from dfpubsub.events import Action, Bye, Event, EventBatch, Hello, kept_id
 from dfpubsub.metrics import Stats
 from dfpubsub.tracker import SequenceTracker, TrackerLimits
 
@@ -261,18 +265,24 @@ def _reasons(tr):
     return [r.reason for r in tr.pop_requests()]
 
 
-def test_a_forged_sequence_far_ahead_restarts_the_stream_and_the_real_events_go_on():
+def test_a_forged_sequence_far_ahead_is_a_gap_and_the_real_publisher_restarts_the_stream_below_it():
     tr = tracker(limits=TrackerLimits(max_seq_jump=1000))
     assert seqs(tr.on_batch(batch(1, 3), 0.0)) == [1, 2, 3]
-    assert tr.on_batch(batch(2**63), 0.1) == []  # not held, not delivered
-    assert _reasons(tr) == ["seq_jump"] and tr.stats.get("drops", "seq_jump") == 1
-    assert not tr.gap_open("A", "t")
-    assert seqs(tr.on_batch(batch(4), 0.2)) == [4]  # a first contact again: resynced, delivered
-    assert _reasons(tr) == ["first_seen"]
-    assert seqs(tr.on_batch(batch(5), 0.3)) == [5]
-    tr.on_hello(hello({"t": 2**62}), 0.4)  # a forged hello as far: the same
-    assert _reasons(tr) == ["seq_jump"]
-    assert seqs(tr.on_batch(batch(6), 0.5)) == [6]
+    assert tr.on_batch(batch(2**62), 0.1) == []  # held: a gap like any loss (protocol.md §8.6)
+    assert seqs(tr.on_batch(batch(4), 0.2)) == [4]  # the real publisher goes on meanwhile
+    assert seqs(tr.tick(0.1 + WINDOW)) == [2**62]
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("gap_expired", (5, 2**62 - 1))]
+    # More than max_seq_jump below the stream: only a made-up number can have put it there.
+    assert seqs(tr.on_batch(batch(5), 0.7)) == [5]
+    assert _reasons(tr) == ["seq_jump"] and tr.stats.get("streams_restarted") == 1
+    assert seqs(tr.on_batch(batch(6), 0.8)) == [6]
+    assert tr.on_batch(batch(5), 0.8) == []  # and from there on, duplicates are duplicates
+    # A forged hello as far: a gap that expires, then the real envelope steps the stream down.
+    tr.on_hello(hello({"t": 2**62}), 0.9)
+    tr.tick(0.9 + WINDOW)
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("gap_expired", (7, 2**62))]
+    assert seqs(tr.on_batch(batch(7), 1.5)) == [7] and tr.stats.get("streams_rebased") == 1
+    assert seqs(tr.on_batch(batch(8), 1.6)) == [8] and tr.requests == []
 
 
 def test_a_forged_hello_within_the_bound_costs_one_resync_then_the_stream_follows_the_real_numbers():
@@ -294,18 +304,20 @@ def test_a_forged_first_contact_does_not_silence_the_real_publisher():
     tr = tracker()
     assert seqs(tr.on_batch(batch(2**63 - 10), 0.0)) == [2**63 - 10]
     assert _reasons(tr) == ["first_seen"]
-    assert seqs(tr.on_batch(batch(7), 0.1)) == [7]  # the real one, skipped at first contact
+    assert seqs(tr.on_batch(batch(7), 0.1)) == [7]  # the real one, far below: the stream restarts
+    assert _reasons(tr) == ["seq_jump"]
     assert seqs(tr.on_batch(batch(8), 0.2)) == [8]
     tr.on_hello(hello({"t": 2**62}, pid="B"), 0.3)  # a forged first hello, then B's real envelope
-    assert seqs(tr.on_batch(batch(1, pid="B"), 0.4)) == [1]
-    # A forged first contact, then a forged hello inside the run it skipped: the stream only
-    # steps down, so the real publisher's hello still brings it back.
+    assert seqs(tr.on_batch(batch(1, pid="B"), 0.4)) == [1]  # inside the run the hello claimed
+    # A forged first contact, then a forged hello far below it (a restart, taken up like a first
+    # contact by that hello), then the real publisher's hello inside the run the forged one claimed.
     tr.on_batch(batch(2**62, pid="C"), 0.5)
     tr.on_hello(hello({"t": 50_000}, pid="C"), 0.6)
     tr.on_hello(hello({"t": 5}, pid="C"), 0.7)
     assert seqs(tr.on_batch(batch(6, pid="C"), 0.8)) == [6]
-    # while a duplicate of what was delivered after the run stays a duplicate
+    # and once the real publisher delivered, a duplicate stays a duplicate, a forged number a gap
     assert tr.on_batch(batch(6, pid="C"), 0.9) == [] and tr.on_batch(batch(2**62, pid="C"), 0.9) == []
+    assert tr.gap_open("C", "t")
 
 
 def test_publishers_are_bounded_and_the_longest_silent_go_first():
@@ -344,3 +356,56 @@ def test_held_bytes_are_bounded_over_all_streams():
     assert seqs(out)  # what was held was handed on when the tracker stopped waiting
     tr.tick(10.0)
     assert tr._held_bytes == 0
+
+
+def test_ten_thousand_tracked_fakes_cost_at_most_16_mb_whatever_their_hellos_hold():
+    """Strings from the wire are not kept whole (issue 31): long names are not kept, long ids are
+    kept as a bounded stand-in. Frames decoded as the subscriber decodes them, so each string is
+    its own object."""
+    tr = tracker(topics=("port", "net"))
+    name = "n" * 4096
+    tracemalloc.start()
+    try:
+        for i in range(11_250):  # the 10,001st evicts an eighth: 10,000 tracked at the end
+            pid = f"{i:032x}" + ("x" * 1000 if i % 2 else "")
+            frame = encode_hello(Hello(pid, name, 0.0, {"port": 3, "net": 5, "other" * 50: 7}, "idle", -1.0, name))
+            tr.on_hello(decode_header(frame), 1.0 + i)
+            tr.pop_requests()
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(tr.peers) == 10_000
+    assert held <= 16 << 20, f"{held / 10_000:.0f} bytes per tracked publisher"
+    assert tr.stats.get("strings_clamped", "pub") == 11_250 // 2
+    assert all(len(pid) <= 128 for pid in tr.peers)
+
+
+def test_long_ids_stay_apart_and_are_reported_as_kept():
+    tr = tracker()
+    a, b = "a" * 1000 + "1", "a" * 1000 + "2"
+    assert seqs(tr.on_batch(batch(1, pid=a), 0.0)) == [1]
+    assert seqs(tr.on_batch(batch(5, pid=b), 0.0)) == [5]  # another publisher: a first contact
+    (req,) = tr.pop_requests()
+    assert req.reason == "first_seen" and req.publisher_id == kept_id(b) != kept_id(a)
+    assert len(tr.peers) == 2 and tr.stats.get("strings_clamped", "pub") == 2
+
+
+def test_a_hello_advertising_infinity_or_nan_is_never_dead_only_forgotten_after_silence():
+    tr = tracker(limits=TrackerLimits(forget_silent_after=100.0))
+    tr.on_hello(hello({"t": 0}, pid="inf", max_idle=float("inf")), 0.0)
+    tr.on_hello(hello({"t": 0}, pid="nan", max_idle=float("nan")), 0.0)
+    tr.tick(99.0)
+    assert set(tr.peers) == {"inf", "nan"}
+    tr.tick(100.5)
+    assert tr.peers == {} and _reasons(tr) == ["publisher_silent", "publisher_silent"]
+
+
+def test_below_a_first_contact_envelope_is_a_duplicate_never_delivered_out_of_order():
+    tr = tracker()
+    assert seqs(tr.on_batch(batch(5), 0.0)) == [5]
+    assert tr.on_batch(batch(3), 0.1) == []
+    assert seqs(tr.on_batch(batch(6), 0.2)) == [6]
+    tr.tick(5.0)
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("first_seen", (1, 4))]
+    assert not tr.gap_open("A", "t") and tr.stats.get("duplicates") == 1

@@ -3,8 +3,12 @@ memory and a cache equal to the store (docs/security.md, "Bounded damage")."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import resource
 import time
+from collections.abc import Callable, Iterator
 
 import zmq
 
@@ -22,6 +26,14 @@ from tests.functional.zmq_helpers import Sink, joined, make_pub
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def _live_mb() -> float:
+    """RSS once the garbage is collected and the C heap has handed back what it holds free: what
+    is kept, not what the allocator keeps around (frames of a megabyte pass through it)."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return _rss_mb()
 
 
 def _attacker(ctrl) -> tuple[zmq.Socket, str]:
@@ -56,11 +68,15 @@ def test_forged_sequence_and_version_leave_the_cache_equal_to_the_store(tmp_path
         # The real publisher's id, the largest sequence and a version of 2^64-1 for a real key.
         forged = encode_batch(BatchHeader(pub.id, pub.name, "port"), MAX_SEQ, time.time(),
                               [pack_event("port", "p0", "update", 2**64 - 1, {"owned": True}, time.time())])
-        _send_until(sock, "port", forged, lambda: sub.stats.get("drops", "seq_jump") > 0)
-        # Within the jump bound, as a hello: a gap, given up on, then the real numbers again.
+        # A gap like any other: held, resynced, delivered; then the real publisher's next hello,
+        # far below, restarts the stream.
+        _send_until(sock, "port", forged, lambda: sub.stats.get("resync_requests", "gap_expired") > 0)
+        wait_for(lambda: sub.stats.get("streams_restarted") > 0, what="the real publisher to restart the stream")
+        # Within the jump bound, as a hello: a gap, given up on, then the real numbers step it down.
+        expired = sub.stats.get("resync_requests", "gap_expired")
         hello = Hello(pub.id, pub.name, time.time(), {"port": 50_000}, "idle", 0.3, "h")
         _send_until(sock, CONTROL_TOPIC, encode_hello(hello),
-                    lambda: sub.stats.get("resync_requests", "gap_expired") > 0)
+                    lambda: sub.stats.get("resync_requests", "gap_expired") > expired)
         for i in range(5):
             api.update("port", f"p{i}", {"i": i, "real": True})
         api.create("port", "after", {})
@@ -74,40 +90,66 @@ def test_forged_sequence_and_version_leave_the_cache_equal_to_the_store(tmp_path
         store.close()
 
 
-def test_a_flood_of_fake_publishers_costs_bounded_memory_and_bounded_resyncs(tmp_path):
+@contextlib.contextmanager
+def _hello_attack(limits: TrackerLimits = TrackerLimits()) -> Iterator[tuple[Sink, Callable[..., None]]]:
+    """A real publisher, a subscriber of it, and ``send(pid, name)``: a hello from an attacker's
+    PUB socket the subscriber also reaches, with max_idle -1 (never taken as dead). The real
+    publisher's event must get through at the end."""
     pub = make_pub(max_idle_time=0.3)
-    limits = TrackerLimits(max_publishers=1000)
     sink = Sink(["port"], [pub.transport.uri], max_idle_time=0.3, limits=limits)
     attacker = zmq.Context.instance().socket(zmq.PUB)
+    attacker.setsockopt(zmq.SNDHWM, 0)
     port = attacker.bind_to_random_port("tcp://127.0.0.1")
     sink.sub.connect(f"tcp://127.0.0.1:{port}")
     sink.sub.start()
+
+    def send(pid: str, name: str = "f") -> None:
+        attacker.send_multipart([topic_frame(CONTROL_TOPIC), encode_hello(
+            Hello(pid, name, time.time(), {"port": 3}, "idle", -1.0, name[:1000]))])
+
     try:
         joined(pub)
-        tracker = sink.sub.tracker
-        wait_for(lambda: (attacker.send_multipart([topic_frame(CONTROL_TOPIC), encode_hello(
-            Hello("probe", "p", time.time(), {"port": 1}, "idle", -1.0, "h"))]), "probe" in tracker.peers)[1],
-            what="the attacker to reach the subscriber")
-        runs = sink.stats.get("resyncs")
-        started = time.monotonic()
-        for i in range(100_000):  # fake ids whose hellos turn dead-publisher detection off
-            attacker.send_multipart([topic_frame(CONTROL_TOPIC), encode_hello(
-                Hello(f"fake{i}", "f", time.time(), {"port": 3}, "idle", -1.0, "h"))])
-            if i % 1000 == 999:  # at the pace the subscriber takes them (ZeroMQ drops beyond its HWMs)
-                wait_for(lambda n=i: sink.stats.get("hellos_in") > n - 5000, what="the subscriber to keep up")
-        wait_for(lambda: sink.stats.get("drops", "publisher_evicted") >= 50_000, timeout=60,
-                 what="the fakes to be evicted")
-        elapsed = time.monotonic() - started
-        assert len(tracker.peers) <= 1000
-        # Every fake asked for a resync (first contact); the scheduler's backoff spaced them.
-        spacing = sink.sub.options.resync_max_interval
-        assert sink.stats.get("resyncs") - runs <= 8 + elapsed / spacing
+        wait_for(lambda: (send("probe"), "probe" in sink.sub.tracker.peers)[1],
+                 what="the attacker to reach the subscriber")
+        yield sink, send
         pub.publish("port", "t", "k", "create", 1, {"v": 1})
         wait_for(lambda: "k" in sink.keys(), what="the real publisher's event")
     finally:
         attacker.close(0)
         sink.sub.close()
         pub.close()
+
+
+def test_a_flood_of_fake_publishers_costs_bounded_memory_and_bounded_resyncs():
+    with _hello_attack(TrackerLimits(max_publishers=1000)) as (sink, send):
+        runs = sink.stats.get("resyncs")
+        started = time.monotonic()
+        for i in range(100_000):  # fake ids whose hellos turn dead-publisher detection off
+            send(f"fake{i}")
+            if i % 1000 == 999:  # at the pace the subscriber takes them (ZeroMQ drops beyond its HWMs)
+                wait_for(lambda n=i: sink.stats.get("hellos_in") > n - 5000, what="the subscriber to keep up")
+        wait_for(lambda: sink.stats.get("drops", "publisher_evicted") >= 50_000, timeout=60,
+                 what="the fakes to be evicted")
+        elapsed = time.monotonic() - started
+        assert len(sink.sub.tracker.peers) <= 1000
+        # Every fake asked for a resync (first contact); the scheduler's backoff spaced them.
+        spacing = sink.sub.options.resync_max_interval
+        assert sink.stats.get("resyncs") - runs <= 8 + elapsed / spacing
+
+
+def test_megabyte_names_and_ids_in_hellos_are_not_kept():
+    """Issue 31: 50 hellos from fake ids with a 1 MB name held 61 MB after they went silent."""
+    with _hello_attack() as (sink, send):
+        tracker = sink.sub.tracker
+        before = _live_mb()
+        for i in range(50):
+            send(f"fake{i}", "n" * 1_000_000)
+            send(f"{i}-" + "i" * 1_000_000)
+        # The real publisher, the probe and the 100 fakes.
+        wait_for(lambda: len(tracker.peers) >= 102, timeout=30, what="the hellos to be taken")
+        assert max(len(pid) for pid in list(tracker.peers)) <= 128
+        assert sink.stats.get("strings_clamped", "pub") == 50
+        assert _live_mb() - before <= 16, "the megabyte strings were kept"
 
 
 def test_a_subscription_flood_costs_the_publisher_bounded_memory():
