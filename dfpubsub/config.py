@@ -25,7 +25,7 @@ from pydantic_settings import (
 )
 
 from ._version import __version__
-from .backends.access import EtcdAccess, RedisAccess
+from .backends.access import EtcdAccess, NatsAccess, RedisAccess
 from .backends.access import configure as configure_backends
 from .console import ArgumentParser
 from .errors import ConfigError
@@ -45,6 +45,7 @@ __all__ = [
     "DiscoverySettings",
     "EtcdSettings",
     "RedisSettings",
+    "NatsSettings",
     "Settings",
     "load_settings",
     "add_config_arguments",
@@ -285,9 +286,9 @@ class DiscoverySettings(_Section):
         return self
 
 
-def _check_access(section: str, s: Any) -> None:
-    """What the [etcd] and [redis] sections share: readable files, a certificate with its key,
-    one password setting."""
+def _check_access(section: str, s: Any, password_needs_user: bool = False) -> None:
+    """What the [etcd], [redis] and [nats] sections share: readable files, a certificate with its
+    key, one password setting (and, where the URL cannot give the user, no password without it)."""
     for name in ("ca_file", "cert_file", "key_file", "password_file"):
         path = getattr(s, name)
         if path and not os.path.isfile(path):
@@ -295,6 +296,8 @@ def _check_access(section: str, s: Any) -> None:
     if bool(s.cert_file) != bool(s.key_file):
         raise ValueError(f"{section}.cert_file and {section}.key_file go together")
     _password(section, s.password, s.password_file)
+    if password_needs_user and (s.password or s.password_file) and not s.username:
+        raise ValueError(f"{section}.password needs {section}.username")
 
 
 def _password(section: str, password: str, password_file: str) -> str:
@@ -323,9 +326,7 @@ class EtcdSettings(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> EtcdSettings:
-        _check_access("etcd", self)
-        if (self.password or self.password_file) and not self.username:
-            raise ValueError("etcd.password needs etcd.username")
+        _check_access("etcd", self, password_needs_user=True)
         return self
 
     def access(self) -> EtcdAccess:
@@ -333,18 +334,22 @@ class EtcdSettings(_Section):
                           _password("etcd", self.password, self.password_file), self.server_name)
 
 
-class RedisSettings(_Section):
-    """``[redis]``: ACL user and TLS of every Redis connection (store, discovery, queues, driver);
-    they override the URL's."""
+class _ClientSettings(_Section):
+    """What the [redis] and [nats] sections share: a user and TLS that override the URL's."""
 
-    username: str = Field("", description="ACL user; empty: the URL's (or default).")
+    username: str = Field("", description="User (a Redis ACL user, a NATS user); empty: the URL's.")
     password: str = Field("", description="Its password (prefer password_file); empty: the URL's.")
     password_file: str = Field("", description="File whose first line is the password.")
-    tls: bool = Field(False, description="Connect with TLS (as a rediss:// URL does).")
+    tls: bool = Field(False, description="Connect with TLS (as a rediss:// or nats+tls:// URL does).")
     ca_file: str = Field("", description="PEM CA bundle the server's certificate is checked with; implies tls.")
-    cert_file: str = Field("", description="PEM client certificate (redis tls-auth-clients); implies tls.")
+    cert_file: str = Field("", description="PEM client certificate, for servers that check clients; implies tls.")
     key_file: str = Field("", description="PEM key of cert_file.")
     check_hostname: bool = Field(True, description="Check the server's certificate names its host.")
+
+
+class RedisSettings(_ClientSettings):
+    """``[redis]``: ACL user and TLS of every Redis connection (store, discovery, queues, driver);
+    they override the URL's."""
 
     @model_validator(mode="after")
     def _check(self) -> RedisSettings:
@@ -354,6 +359,32 @@ class RedisSettings(_Section):
     def access(self) -> RedisAccess:
         return RedisAccess(self.username, _password("redis", self.password, self.password_file), self.tls,
                            self.ca_file, self.cert_file, self.key_file, self.check_hostname)
+
+
+class NatsSettings(_ClientSettings):
+    """``[nats]``: credentials and TLS of every NATS connection (the nats driver); they override the
+    URL's. Set one way to authenticate."""
+
+    token: str = Field("", description="Authentication token (server authorization { token }).")
+    nkey_seed_file: str = Field("", description="File holding an NKey seed (SU...), for servers that list NKey users.")
+    creds_file: str = Field("", description="Decentralised auth: a .creds file (user JWT and NKey seed).")
+
+    @model_validator(mode="after")
+    def _check(self) -> NatsSettings:
+        _check_access("nats", self, password_needs_user=True)
+        for name in ("nkey_seed_file", "creds_file"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                raise ValueError(f"nats.{name} {path!r} is not a readable file")
+        ways = [bool(self.username), bool(self.token), bool(self.nkey_seed_file), bool(self.creds_file)]
+        if sum(ways) > 1:
+            raise ValueError("set one of nats.username, nats.token, nats.nkey_seed_file, nats.creds_file")
+        return self
+
+    def access(self) -> NatsAccess:
+        return NatsAccess(self.username, _password("nats", self.password, self.password_file), self.tls,
+                          self.ca_file, self.cert_file, self.key_file, self.check_hostname, self.token,
+                          self.nkey_seed_file, self.creds_file)
 
 
 class Settings(BaseSettings):
@@ -376,6 +407,7 @@ class Settings(BaseSettings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    nats: NatsSettings = Field(default_factory=NatsSettings)
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -463,8 +495,8 @@ def load_settings(config_file: str | None = None, overrides: dict[str, Any] | No
     except SettingsError as exc:
         raise ConfigError(f"invalid configuration (environment): {exc}") from exc
     settings = Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
-    # One [etcd] and one [redis] section for every connection this process opens (backend_access).
-    configure_backends(settings.etcd.access(), settings.redis.access())
+    # One [etcd], [redis] and [nats] section for every connection this process opens (backend_access).
+    configure_backends(settings.etcd.access(), settings.redis.access(), settings.nats.access())
     return settings
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dfpubsub.testing.servers import EtcdServer, RedisServer, free_port
+from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer, free_port
 
 __all__ = ["wait_for", "free_port", "undetected"]
 
@@ -49,6 +49,14 @@ def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of this test's own, free to kill and restart."""
     server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server with JetStream of this test's own, free to kill and restart."""
+    server = NatsServer(tmp_path / "nats").start()
     yield server
     server.kill()
 

@@ -1,8 +1,8 @@
-"""How this process reaches etcd and Redis: TLS and credentials, one setting for every user.
+"""How this process reaches etcd, Redis and NATS: TLS and credentials, one setting for every user.
 
 The store, discovery, the queues and the drivers of a backend all connect
-through :func:`etcd_access` / :func:`redis_access`, which :func:`configure`
-sets from the ``[etcd]`` and ``[redis]`` config sections when settings are
+through :func:`etcd_access` / :func:`redis_access` / :func:`nats_access`, which
+:func:`configure` sets from the ``[etcd]``, ``[redis]`` and ``[nats]`` config sections when settings are
 loaded (:func:`dfpubsub.config.load_settings`). A program that builds its
 components by hand calls :func:`configure` itself. No backend library is
 imported here.
@@ -10,13 +10,14 @@ imported here.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["EtcdAccess", "RedisAccess", "configure", "etcd_access", "redis_access"]
+__all__ = ["EtcdAccess", "NatsAccess", "RedisAccess", "configure", "etcd_access", "nats_access", "redis_access"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +43,8 @@ class EtcdAccess:
 
 
 @dataclass(frozen=True, slots=True)
-class RedisAccess:
-    """An ACL user and TLS; empty strings keep what the URL says (``redis://user:pass@``,
-    ``rediss://``)."""
+class _ClientAccess:
+    """A user and TLS over what a URL says (Redis, NATS); empty strings keep the URL's."""
 
     username: str = ""
     password: str = ""
@@ -53,6 +53,12 @@ class RedisAccess:
     cert_file: str = ""
     key_file: str = ""
     check_hostname: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RedisAccess(_ClientAccess):
+    """An ACL user and TLS; empty strings keep what the URL says (``redis://user:pass@``,
+    ``rediss://``)."""
 
     def connect_args(self, url: str) -> tuple[str, dict[str, Any]]:
         """``url`` and keyword arguments for redis-py's ``from_url``: the settings win over the
@@ -74,17 +80,53 @@ class RedisAccess:
         return url, kw
 
 
+@dataclass(frozen=True, slots=True)
+class NatsAccess(_ClientAccess):
+    """User and password, a token, an NKey seed file or a creds file (one way to authenticate),
+    and TLS; empty strings: what the URL says (``nats://user:pass@``, ``nats+tls://``)."""
+
+    token: str = ""
+    nkey_seed_file: str = ""
+    creds_file: str = ""
+
+    def connect_args(self) -> dict[str, Any]:
+        """Keyword arguments of nats-py's ``connect`` (no NATS library is needed to make them)."""
+        kw: dict[str, Any] = {}
+        if self.username:
+            kw.update(user=self.username, password=self.password)
+        if self.token:
+            kw["token"] = self.token
+        if self.nkey_seed_file:
+            kw["nkeys_seed"] = self.nkey_seed_file
+        if self.creds_file:
+            kw["user_credentials"] = self.creds_file
+        if self.tls or self.ca_file or self.cert_file:
+            context = ssl.create_default_context(cafile=self.ca_file or None)
+            context.check_hostname = self.check_hostname
+            if self.cert_file:
+                try:
+                    context.load_cert_chain(self.cert_file, self.key_file or None)
+                except (OSError, ssl.SSLError) as exc:
+                    raise ConfigError(f"cannot load the NATS client certificate {self.cert_file}: {exc}") from exc
+            kw["tls"] = context
+        return kw
+
+
 _etcd = EtcdAccess()
 _redis = RedisAccess()
+_nats = NatsAccess()
 
 
-def configure(etcd: EtcdAccess | None = None, redis: RedisAccess | None = None) -> None:
-    """Set how connections opened from now on reach etcd and Redis (None: leave as is)."""
-    global _etcd, _redis
+def configure(etcd: EtcdAccess | None = None, redis: RedisAccess | None = None,
+              nats: NatsAccess | None = None) -> None:
+    """Set how connections opened from now on reach etcd, Redis and NATS (None: leave as is)."""
+    global _etcd, _redis, _nats
     if etcd is not None:
         _etcd = etcd
     if redis is not None:
         _redis = redis
+    if nats is not None:
+        _nats = nats
 
 
 def etcd_access() -> EtcdAccess:
@@ -93,6 +135,10 @@ def etcd_access() -> EtcdAccess:
 
 def redis_access() -> RedisAccess:
     return _redis
+
+
+def nats_access() -> NatsAccess:
+    return _nats
 
 
 def _read(path: str) -> bytes | None:

@@ -3,7 +3,8 @@
 ``open_endpoint(url, format=..., options=...)`` picks the implementation by
 URL scheme through the ``dfpubsub.endpoints`` entry points: ``http``/``https``
 (webhooks, aiohttp), ``amqp``/``amqps`` (RabbitMQ with publisher confirms,
-aio-pika), ``redis``/``rediss`` (streams). Implementations import their
+aio-pika), ``redis``/``rediss`` (streams), ``kafka`` (idempotent producer,
+confluent-kafka), ``nats`` (JetStream, nats-py). Implementations import their
 library only when chosen.
 """
 

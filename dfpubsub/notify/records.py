@@ -45,6 +45,7 @@ __all__ = [
     "cloudevent",
     "cloudevent_batch",
     "cloudevent_binary",
+    "cloudevent_kafka_binary",
     "ce_header_value",
     "to_json",
 ]
@@ -183,6 +184,15 @@ def cloudevent_binary(n: Notification, *, region: str = "") -> tuple[dict[str, s
     attrs = _ce_attributes(n, region)
     headers = {"Content-Type": attrs.pop("datacontenttype")}
     headers.update((f"ce-{name}", ce_header_value(value)) for name, value in attrs.items())
+    return headers, to_json(_ce_data(n))
+
+
+def cloudevent_kafka_binary(n: Notification, *, region: str = "") -> tuple[list[tuple[str, bytes]], bytes]:
+    """Kafka binary mode (CloudEvents Kafka protocol binding): ``(headers, value)``; the attributes
+    are ``ce_*`` headers in UTF-8 and ``content-type`` carries ``datacontenttype``."""
+    attrs = _ce_attributes(n, region)
+    headers = [("content-type", attrs.pop("datacontenttype").encode())]
+    headers.extend((f"ce_{name}", value.encode()) for name, value in attrs.items())
     return headers, to_json(_ce_data(n))
 
 

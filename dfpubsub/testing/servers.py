@@ -1,4 +1,4 @@
-"""Private etcd and Redis servers for tests and benchmarks, on free loopback ports in temp dirs.
+"""Private etcd, Redis and NATS servers for tests and benchmarks, on free loopback ports in temp dirs.
 
 Tests kill and restart them to inject faults; they only ever touch the
 processes they started themselves (never the machine's own servers).
@@ -20,7 +20,7 @@ from typing import NoReturn, Self
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-__all__ = ["ServerProcess", "EtcdServer", "RedisServer", "TestCertificates", "free_port"]
+__all__ = ["ServerProcess", "EtcdServer", "RedisServer", "NatsServer", "TestCertificates", "free_port"]
 
 
 def free_port() -> int:
@@ -201,6 +201,37 @@ class RedisServer(ServerProcess):
                 s.sendall(b"PING\r\n")
                 return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
+            return False
+
+
+class NatsServer(ServerProcess):
+    """nats-server with JetStream, its store in the work dir (kept across ``restart()``); its
+    monitoring port answers readiness. ``args`` are extra flags (``--user``, ``--tls`` ...)."""
+
+    binary = "nats-server"
+
+    def __init__(self, workdir: Path, args: tuple[str, ...] = (), host: str = "127.0.0.1"):
+        super().__init__(workdir, host)
+        self.monitor_port = free_port()
+        self.args = args
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [
+            "nats-server", "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
+            "-n", f"dfpubsub-test-{self.port}", "-js", "-sd", str(self.workdir / "jetstream"), *self.args,
+        ]
+
+    def ready(self) -> bool:
+        # /healthz answers ok once JetStream has recovered its streams, not merely when the port is open.
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.monitor_port}/healthz", timeout=0.5) as r:
+                status: object = json.loads(r.read()).get("status")
+                return status == "ok"
+        except (OSError, ValueError):
             return False
 
 

@@ -1,4 +1,4 @@
-"""drivers_e2e: the full stack end to end on the Redis Streams and etcd watch drivers.
+"""drivers_e2e: the full stack end to end on the Redis Streams, etcd watch and NATS JetStream drivers.
 
 For each driver a private server is started on a free loopback port; one
 publisher process and one subscriber process run the full dfpubsub stack
@@ -6,12 +6,16 @@ publisher process and one subscriber process run the full dfpubsub stack
 that rate (p50/p99 latency), and account for every event (``lost_undetected``).
 The baseline, in the same run, is the raw client writing the same ~200-byte
 events, one msgpack message per event: pipelined ``XADD`` (1000 per round trip)
-for Redis, transactions of 128 puts for etcd.
+for Redis, transactions of 128 puts for etcd, and for NATS nats-py's own
+JetStream publishing, one message per event, pipelined (``publish_async``, up to
+4000 unacknowledged) into a stream of the same limits.
 
 Last line: ``{"bench": "drivers_e2e", "redis_events_per_s": N, "redis_ratio": R,
 "redis_p99_ms": X, "etcd_events_per_s": N, "etcd_ratio": R, "etcd_p99_ms": X,
-"lost_undetected": 0}``. Targets (2 cores): Redis >= 50k events/s, etcd >= 20k,
-both >= 0.8 of their raw baseline, zero undetected loss.
+"nats_events_per_s": N, "nats_ratio": R, "nats_p99_ms": X, "lost_undetected": 0}``.
+Targets (2 cores): Redis >= 50k events/s, etcd >= 20k, both >= 0.8 of their raw
+baseline; NATS >= 3x nats-py's one message per event (dfpubsub batches events
+into envelopes); zero undetected loss.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from typing import Any
 import msgpack
 from e2e import KEYS, TABLE, TOPICS, VALUE, DriverSpec, run_phase
 
-from dfpubsub.testing.servers import EtcdServer, RedisServer
+from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer
+
+SERVERS = {"redis": RedisServer, "etcd": EtcdServer, "nats": NatsServer}
 
 
 def _events(n: int) -> list[bytes]:
@@ -78,10 +84,36 @@ def raw_etcd(url: str, seconds: float) -> float:
     return asyncio.run(run())
 
 
+def raw_nats(url: str, seconds: float) -> float:
+    """Events/s acknowledged by JetStream, one message per event, published by nats-py pipelined."""
+    import nats
+
+    batch = _events(1000)
+
+    async def run() -> float:
+        nc = await nats.connect(url)
+        js = nc.jetstream(publish_async_max_pending=4000)
+        await js.add_stream(name="RAW", subjects=["raw.>"], max_msgs=1_000_000, max_bytes=1 << 30)
+        sent, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for j, data in enumerate(batch):
+                await js.publish_async(f"raw.{TOPICS[j % len(TOPICS)]}", data)
+            sent += len(batch)
+        await js.publish_async_completed()
+        rate = sent / (time.perf_counter() - start)
+        await nc.close()
+        return rate
+
+    return asyncio.run(run())
+
+
+RAW = {"redis": raw_redis, "etcd": raw_etcd, "nats": raw_nats}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds per phase (default 4)")
-    parser.add_argument("--drivers", default="redis,etcd")
+    parser.add_argument("--drivers", default="redis,etcd,nats")
     args = parser.parse_args(argv)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["msgpack", "e2e"])
@@ -89,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     lost = 0
     with tempfile.TemporaryDirectory(prefix="bench-drivers-") as tmp:
         for name in args.drivers.split(","):
-            server = (RedisServer if name == "redis" else EtcdServer)(Path(tmp) / name).start()
+            server = SERVERS[name](Path(tmp) / name).start()
             try:
-                raw = (raw_redis if name == "redis" else raw_etcd)(server.url, args.seconds)
+                raw = RAW[name](server.url, args.seconds)
                 print(f"[{name}] raw client: {raw:,.0f} events/s written", flush=True)
                 spec = DriverSpec(server.url, server.url, {"prefix": "bench"})
                 flat = run_phase(ctx, f"{name} throughput", args.seconds, 0, spec)

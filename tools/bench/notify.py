@@ -14,13 +14,16 @@ measured with their queues elsewhere (another file, another database), which
 reserves and commits around the write: keys ``<backend>_two_phase_*``.
 Queues are emptied between rounds, outside the timing.
 
+Kafka: the same worker delivering into librdkafka's mock Kafka cluster (``kafka_delivery_per_s``;
+the mock measures the endpoint and the worker, not a real cluster).
+
 Isolation half (tools/bench/notify_isolation.py): a healthy topic's delivery p99 with six hung
 endpoints beside it (``isolation_p99_s``) and without them (``isolation_baseline_p99_s``).
 
 Last line: ``{"bench": "notify", "<backend>_write_ratio": R, "<backend>_writes_per_s": N,
-"<backend>_notified_writes_per_s": N, ..., "delivery_per_s": N, "isolation_p99_s": S,
+"<backend>_notified_writes_per_s": N, ..., "delivery_per_s": N, "kafka_delivery_per_s": N, "isolation_p99_s": S,
 "isolation_baseline_p99_s": S}``. Targets: write ratio >= 0.85 with 11 shards on SQLite and
-Redis; delivery >= 5,000 notifications/s per worker; isolation p99 <= 2x its baseline.
+Redis; delivery >= 5,000 notifications/s per worker, to a webhook and to Kafka; isolation p99 <= 2x its baseline.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 
 from backends import bench_store
 from nb_write import TABLES, VALUE, nbapi_rate
-from notify_delivery import delivery_rate
+from notify_delivery import delivery_rate, kafka_delivery_rate
 from notify_isolation import isolation_p99
 
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
@@ -120,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[delivery] one worker, local webhook: {batched:,.0f} notifications/s in batches of 100 S3 records, "
           f"{single:,.0f}/s one per request", flush=True)
     result.update(delivery_per_s=round(batched), delivery_one_per_request_per_s=round(single))
+    kafka = kafka_delivery_rate(args.notifications)
+    print(f"[delivery] one worker into the mock Kafka cluster: {kafka:,.0f} notifications/s", flush=True)
+    result["kafka_delivery_per_s"] = round(kafka)
     baseline, isolated = isolation_p99(hung=0), isolation_p99(hung=args.hung)
     print(f"[isolation] healthy topic's delivery p99 {baseline:.3f} s alone, {isolated:.3f} s beside "
           f"{args.hung} hung endpoints ({isolated / baseline:.1f}x)", flush=True)

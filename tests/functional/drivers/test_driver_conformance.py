@@ -1,4 +1,4 @@
-"""One set of tests that every driver must pass: memory, zmq, etcd, redis.
+"""One set of tests that every driver must pass: memory, zmq, etcd, redis, nats.
 
 Each harness makes a publisher transport and a subscriber transport wired to
 it; the core Publisher and Subscriber run on top, so the tests check what the
@@ -74,7 +74,8 @@ class ZmqHarness(Harness):
 
 
 class ServerHarness(Harness):
-    """etcd and redis: the driver URL is a private server's; keys under a prefix of the test's own."""
+    """etcd, redis and nats: the driver URL is a private server's; keys (subjects) under a prefix of the
+    test's own."""
 
     def __init__(self, request):
         self.server = request.getfixturevalue(f"{self.name}_server")
@@ -95,7 +96,15 @@ class RedisHarness(ServerHarness):
     name = "redis"
 
 
-HARNESSES = {h.name: h for h in (MemoryHarness, ZmqHarness, EtcdHarness, RedisHarness)}
+class NatsHarness(ServerHarness):
+    name = "nats"
+
+    def __init__(self, request):
+        super().__init__(request)
+        self.options["stream"] = self.options["prefix"].upper()
+
+
+HARNESSES = {h.name: h for h in (MemoryHarness, ZmqHarness, EtcdHarness, RedisHarness, NatsHarness)}
 
 
 @pytest.fixture(params=sorted(HARNESSES))
