@@ -43,6 +43,7 @@ __all__ = [
     "LogSettings",
     "MetricsSettings",
     "DiscoverySettings",
+    "LeaderSettings",
     "EtcdSettings",
     "RedisSettings",
     "NatsSettings",
@@ -286,6 +287,40 @@ class DiscoverySettings(_Section):
         return self
 
 
+class LeaderSettings(_Section):
+    """``[leader]``: one active instance of df-archiver, df-feed or df-controller, the others standing by
+    (docs/leader.md)."""
+
+    enabled: bool = Field(False, description="Act only while holding the leader lease; a standby takes over "
+                                             "when the holder stops renewing it.")
+    url: str = Field("", description="Lease backend URL, like store.url; empty: the store's URL.")
+    name: str = Field("", description="The election: instances with the same name share one lease "
+                                      "(default: the daemon's name, e.g. df-archiver).")
+    identity: str = Field("", description="This instance in the lease, logs and metrics (default: host:pid).")
+    lease_duration: float = Field(15.0, gt=0, description="Seconds after its last renewal at which a lease "
+                                                          "passes to a standby (etcd rounds up to whole seconds, "
+                                                          "at least 2).")
+    renew_deadline: float = Field(10.0, gt=0, description="Seconds after its last renewal at which the holder "
+                                                          "stops acting: before the lease can pass to another.")
+    retry_period: float = Field(2.0, gt=0, description="Seconds between renewals, and between a standby's tries.")
+    clock_skew: float = Field(1.0, ge=0, description="Seconds the holder's clock may run slow against the "
+                                                     "backend's over one lease: lease_duration - renew_deadline "
+                                                     "must be at least this.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LeaderSettings:
+        if self.renew_deadline + self.clock_skew > self.lease_duration:
+            raise ValueError(
+                f"leader.renew_deadline ({self.renew_deadline:g} s) + leader.clock_skew ({self.clock_skew:g} s) "
+                f"must be at most leader.lease_duration ({self.lease_duration:g} s), so that the holder stops "
+                "acting before its lease can pass to another")
+        if 2 * self.retry_period > self.renew_deadline:
+            raise ValueError(
+                f"leader.retry_period ({self.retry_period:g} s) must be at most leader.renew_deadline / 2 "
+                f"({self.renew_deadline / 2:g} s), so that the holder tries at least twice before it gives up")
+        return self
+
+
 def _check_access(section: str, s: Any, password_needs_user: bool = False) -> None:
     """What the [etcd], [redis] and [nats] sections share: readable files, a certificate with its
     key, one password setting (and, where the URL cannot give the user, no password without it)."""
@@ -405,6 +440,7 @@ class Settings(BaseSettings):
     log: LogSettings = Field(default_factory=LogSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    leader: LeaderSettings = Field(default_factory=LeaderSettings)
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     nats: NatsSettings = Field(default_factory=NatsSettings)

@@ -41,6 +41,7 @@ __all__ = [
     "InputError",
     "ArchiveError",
     "PipelineError",
+    "NotLeader",
 ]
 
 
@@ -249,3 +250,8 @@ class ArchiveError(DfPubSubError):
 
 class PipelineError(DfPubSubError):
     """A data pipeline job cannot run: missing input or snapshot, a bad argument, pyspark absent."""
+
+
+class NotLeader(DfPubSubError):
+    """This process does not hold (or can no longer be sure it holds) the leader lease it must hold to act
+    (:mod:`dfpubsub.leader`)."""

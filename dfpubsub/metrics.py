@@ -67,6 +67,9 @@ COUNTERS: dict[str, str] = {
     "replay_entries": "Change-feed entries replays read.",
     "replay_objects": "Objects replays read from the store (what the cache had missed, or could not prove).",
     "relist_objects": "Objects of the topics relists listed.",
+    "leader_transitions": "Times this process started or stopped leading, by reason (acquired, released, "
+                          "lost, expired).",
+    "leader_errors": "Lease calls (acquire, renew, release) that failed: the backend down, slow or refusing.",
 }
 
 #: Help strings of the gauges; the exported name is ``dfpubsub_<name>``.
@@ -79,6 +82,8 @@ GAUGES: dict[str, str] = {
     "workqueue_processing": "Keys being reconciled now or waiting in a worker's batch.",
     "reconcile_failed_keys": "Keys in a controller's failed set (given up until the next periodic resync).",
     "repair_position": "Store revision up to which a controller's cache holds every committed write.",
+    "leader": "1 while this process holds its leader lease and may act, else 0 (a standby; [leader] enabled).",
+    "leader_token": "Fencing token of the lease this process holds or last held (0: never held).",
 }
 
 #: Counters a component of each role shows from its start, at zero until they move, so a
@@ -92,6 +97,7 @@ ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
     "relay": ("envelopes_in", "envelopes_out", "drops"),
     "archiver": ("events_archived", "segments_published", "segment_bytes", "journals_recovered"),
     "notifier": ("notifications_enqueued", "notifications_refused", "notifications_lost"),
+    "leader": ("leader_transitions", "leader_errors"),
 }
 
 #: Help strings of the histograms (seconds); exported as ``dfpubsub_<name>_seconds``.

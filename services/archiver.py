@@ -25,6 +25,7 @@ from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import Event
 from dfpubsub.factory import create_subscriber
+from dfpubsub.leader import Leadership, lead
 from dfpubsub.logs import setup_logging
 from dfpubsub.metrics import Stats, start_metrics_server
 
@@ -36,7 +37,7 @@ __all__ = ["Archiver", "main"]
 class Archiver:
     """Subscribes to ``topics`` as ``settings`` say and archives every event under ``archive.path``."""
 
-    def __init__(self, settings: Settings, topics: list[str], name: str):
+    def __init__(self, settings: Settings, topics: list[str], name: str, leadership: Leadership | None = None):
         a = settings.archive
         self.name = name
         self.stats = Stats("archiver", name)
@@ -44,8 +45,13 @@ class Archiver:
         self.subscriber = create_subscriber(settings, self._on_event, None, topics, name)
         self._tick = min(1.0, a.segment_max_age / 4)
         self._stop = threading.Event()
+        self._leadership = leadership or Leadership(None)
 
     def _on_event(self, event: Event) -> None:
+        # [leader]: past its renew deadline the lease may be another's, which archives from here on.
+        if not self._leadership.may_act():
+            self.stats.inc("drops", reason="not_leader")
+            return
         self.writer.append_event(event, time.time())
 
     def start(self) -> Archiver:
@@ -86,7 +92,7 @@ class Archiver:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-archiver``."""
     parser = ArgumentParser(prog="df-archiver", description=__doc__.split("\n")[0])
-    add_config_arguments(parser, ("pubsub", "archive", "store", "discovery", "log", "metrics"))
+    add_config_arguments(parser, ("pubsub", "archive", "store", "discovery", "leader", "log", "metrics"))
     args = parser.parse_args(argv)
     try:
         settings = settings_from_args(args)
@@ -96,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.log.level, settings.log.format)
     name = settings.archive.name or socket.gethostname()
     topics = settings.pubsub.topics or settings.store.tables
+    leadership = lead(settings, "df-archiver")
+    start_metrics_server(settings.metrics.port, settings.metrics.addr)
+    if not leadership.wait():  # [leader]: a standby stopped before it led
+        return 0
     try:
-        archiver = Archiver(settings, topics, name)
+        archiver = Archiver(settings, topics, name, leadership)
         connector = discovery = None
         if settings.archive.discover:
             discovery = discovery_from_settings(settings)
@@ -108,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: archiver.stop())
-    start_metrics_server(settings.metrics.port, settings.metrics.addr)
     log.info("archiver started", extra={"archiver": name, "topics": sorted(topics), "path": settings.archive.path,
                                         "subscriber": archiver.subscriber.transport.__class__.__name__})
     clean = archiver.run()
     if connector is not None and discovery is not None:
         connector.close(disconnect=False)
         discovery.close()
-    return 0 if clean else 1
+    leadership.close()
+    return leadership.exit_status(0 if clean else 1)
 
 
 if __name__ == "__main__":

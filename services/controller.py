@@ -24,6 +24,7 @@ from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import VersionedObject
 from dfpubsub.factory import create_driver, subscriber_options
+from dfpubsub.leader import Leadership, lead
 from dfpubsub.logs import setup_logging
 from dfpubsub.metrics import Stats, start_metrics_server
 from dfpubsub.pipeline.bootstrap import SnapshotBootstrap
@@ -38,8 +39,10 @@ class LoggingReconciler:
 
     def __init__(self) -> None:
         self.controller: Controller | None = None
+        self.leadership = Leadership(None)
 
     def reconcile(self, key: ObjectKey, obj: VersionedObject | None) -> None:
+        self.leadership.check()  # [leader]: NotLeader past the renew deadline; the key is retried
         if obj is not None:
             log.info("reconcile", extra={"table": obj.table, "key": obj.key, "version": obj.version,
                                          "topic": obj.topic})
@@ -52,7 +55,8 @@ class LoggingReconciler:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-controller``."""
     settings = parse_settings("df-controller", __doc__.split("\n")[0], argv,
-                              ("pubsub", "cache", "store", "controller", "discovery", "etcd", "redis", "log", "metrics"))
+                              ("pubsub", "cache", "store", "controller", "discovery", "leader", "etcd",
+                               "redis", "log", "metrics"))
     setup_logging(settings.log.level, settings.log.format)
     name = settings.controller.name or socket.gethostname()
     topics = settings.pubsub.topics or settings.store.tables
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime=ControllerOptions.from_settings(settings.controller),
     )
     reconciler.controller = controller
+    reconciler.leadership = leadership = lead(settings, "df-controller")
     discovery = connector = None
     if settings.controller.discover:
         try:
@@ -82,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             store.close()
             return 1
     start_metrics_server(settings.metrics.port, settings.metrics.addr)
+    if not leadership.wait():  # [leader]: a standby stopped before it led
+        if connector is not None and discovery is not None:
+            connector.close(disconnect=False)
+            discovery.close()
+        store.close()
+        return 0
     # What exists at start-up lives as long as the daemon: keep it out of every collection.
     gc.freeze()
     log.info("controller starting", extra={"controller": name, "topics": sorted(topics), "store": store.backend,
@@ -94,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if connector is not None and discovery is not None:
         connector.close(disconnect=False)
         discovery.close()
+    leadership.close()
     store.close()
-    return 0
+    return leadership.exit_status()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
 from dfpubsub.errors import ConfigError, DfPubSubError
 from dfpubsub.factory import create_publisher
 from dfpubsub.feed_publisher import FeedPublisher, FileCursor
+from dfpubsub.leader import lead
 from dfpubsub.logs import setup_logging
 from dfpubsub.metrics import start_metrics_server
 from dfpubsub.publisher import Publisher
@@ -36,11 +37,12 @@ log = logging.getLogger("df-feed")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-feed``."""
     settings = parse_settings("df-feed", __doc__.split("\n")[0], argv,
-                              ("feed", "store", "pubsub", "discovery", "etcd", "redis", "log", "metrics"))
+                              ("feed", "store", "pubsub", "discovery", "leader", "etcd", "redis",
+                               "log", "metrics"))
     setup_logging(settings.log.level, settings.log.format)
     fs = settings.feed
     name = settings.pubsub.publisher_name or f"{socket.gethostname()}/feed"
-    store = publisher = feed = announcer = discovery = None
+    store = publisher = feed = announcer = discovery = leadership = None
     try:
         if settings.pubsub.multiproc:
             raise ConfigError("df-feed is one process: set pubsub.multiproc = false and give it a driver to bind")
@@ -52,19 +54,23 @@ def main(argv: list[str] | None = None) -> int:
         if fs.announce:
             discovery = discovery_from_settings(settings)
             announcer = PublisherAnnouncer(discovery, publisher, advertise_host=fs.advertise_host or None)
+        leadership = lead(settings, "df-feed")
     except DfPubSubError as exc:
         log.error("cannot start", extra={"error": str(exc)})
         close_all(announcer, discovery, feed, publisher, store)
         return 1
     start_metrics_server(settings.metrics.port, settings.metrics.addr)
     stop = stop_on_signals()
+    if not leadership.wait():  # [leader]: a standby stopped before it led
+        close_all(announcer, discovery, feed, publisher, store)
+        return 0
     log.info("feed publisher starting", extra={"publisher": name, "id": publisher.id, "position": feed.position,
                                                "uri": publisher.transport.uri})
     feed.run(stop)
     log.info("feed publisher stopping", extra={"publisher": name, "position": feed.position,
                                                "published": publisher.stats.get("feed_published")})
-    close_all(announcer, discovery, feed, publisher, store)
-    return 0
+    close_all(leadership, announcer, discovery, feed, publisher, store)
+    return leadership.exit_status()
 
 
 if __name__ == "__main__":

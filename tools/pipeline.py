@@ -15,7 +15,7 @@ from typing import Any
 from dfpubsub import __version__
 from dfpubsub.config import add_config_arguments, settings_from_args
 from dfpubsub.console import ArgumentParser, console_main
-from dfpubsub.errors import PipelineError
+from dfpubsub.errors import ConfigError, PipelineError
 from dfpubsub.logs import setup_logging
 
 __all__ = ["main"]
@@ -66,6 +66,30 @@ def _parser() -> argparse.ArgumentParser:
     _compaction_options(p)
     add_config_arguments(p, ("store", "pubsub"))
     return parser
+
+
+def _preflight(args: argparse.Namespace) -> None:
+    """Check the inputs, Java and the master before a JVM starts (dfpubsub/pipeline/preflight.py)."""
+    from dfpubsub.pipeline import preflight
+    from dfpubsub.pipeline.session import require_pyspark
+
+    _conf(args.conf)
+    if args.command == "audit":
+        preflight.check_date(args.since, "--since")
+        preflight.check_date(args.until, "--until")
+        if args.since and args.until and args.since > args.until:
+            raise ConfigError(f"--since {args.since} is after --until {args.until}")
+        if args.bucket <= 0:
+            raise ConfigError(f"--bucket takes a positive number of seconds, not {args.bucket:g}")
+    preflight.check_master(args.master)
+    if args.log is not None:
+        preflight.check_directory(args.log, "event log")
+    if args.command == "audit":
+        preflight.check_directory(args.out, "report directory", must_exist=False)
+    else:  # compact makes the snapshot; bootstrap reads it, unless it compacts first
+        preflight.check_directory(args.snapshot, "snapshot", must_exist=args.command == "bootstrap" and not args.log)
+    require_pyspark()
+    preflight.check_java()
 
 
 def _spark(args: argparse.Namespace) -> Any:
@@ -134,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
+        _preflight(args)
         result = {"compact": _compact, "audit": _audit, "bootstrap": _bootstrap}[args.command](args)
     except argparse.ArgumentTypeError as exc:
         print(f"df-pipeline: {exc}", file=sys.stderr)

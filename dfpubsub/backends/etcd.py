@@ -23,7 +23,7 @@ from ..errors import AuthenticationError, ClosedError, ConfigError, StoreError, 
 from .access import EtcdAccess, etcd_access
 
 __all__ = ["CHANNEL_OPTIONS", "RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers",
-           "open_channel", "txn", "Endpoints", "ForkHooks", "register_fork_hooks", "unregister_fork_hooks",
+           "open_channel", "txn", "keep_alive_once", "Endpoints", "ForkHooks", "register_fork_hooks", "unregister_fork_hooks",
            "EtcdChannel", "EtcdConnection", "KeyValue", "ResponseHeader", "RangeResponse", "DeleteRangeResponse",
            "ResponseOp", "TxnResponse"]
 
@@ -181,6 +181,19 @@ def txn(compare: list[rpc.Compare], success: list[Any], failure: list[Any] | Non
     """A transaction of ``compare`` guards with ``success`` and ``failure`` put, delete and range requests."""
     return rpc.TxnRequest(compare=compare, success=[_kv_op(r) for r in success],
                           failure=[_kv_op(r) for r in failure or ()])
+
+
+def keep_alive_once(lease_stub: Any, lease: int, timeout: float) -> int:
+    """One ``LeaseKeepAlive`` exchange on aetcd's Lease stub (a stream opened for one request and its
+    answer: at one renewal every few seconds a standing stream would save little and need a thread
+    of its own); the lease's TTL after it, 0 when etcd no longer knows the lease."""
+    responses = lease_stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=timeout)
+    try:
+        for response in responses:
+            return int(response.TTL)
+        return 0
+    finally:
+        responses.cancel()
 
 
 # -- the responses' shapes -------------------------------------------------------------------

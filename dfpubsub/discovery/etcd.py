@@ -41,7 +41,7 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..backends.etcd import UNAVAILABLE, Endpoints, status_code
+from ..backends.etcd import UNAVAILABLE, Endpoints, keep_alive_once, status_code
 from ..errors import StoreError, StoreUnavailable
 from ..retry import Backoff
 from .api import Discovery, PublisherRecord, RecordCallback, Watcher
@@ -162,16 +162,7 @@ class EtcdDiscovery(Discovery):
 
     def _keep_alive(self, lease: int) -> int:
         """One keep-alive exchange; the lease's TTL after it (0: the lease is gone)."""
-        def run(s: _Stubs) -> int:
-            responses = s.lease.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=self.timeout)
-            try:
-                for response in responses:
-                    return int(response.TTL)
-                return 0
-            finally:
-                responses.cancel()
-
-        return self._conn.call("lease keep-alive", run)
+        return self._conn.call("lease keep-alive", lambda s: keep_alive_once(s.lease, lease, self.timeout))
 
     def _renew(self, handle: Any, record: PublisherRecord, rewrite: bool) -> int:
         lease = int(handle)

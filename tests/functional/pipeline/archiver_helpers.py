@@ -16,15 +16,12 @@ import pyarrow.parquet as pq
 from dfpubsub.archive import COLUMNS, JOURNAL_DIR, read_journal, segment_files
 
 
-class ArchiverProcess:
-    """df-archiver in a subprocess, its JSON log lines collected."""
+class DaemonProcess:
+    """A console script of this install in a subprocess, its JSON log lines collected."""
 
-    def __init__(self, log: Path, driver: str, topics: str, *extra: str):
-        exe = os.path.join(os.path.dirname(sys.executable), "df-archiver")
-        self.proc = subprocess.Popen(
-            [exe, "--pubsub.driver", driver, "--pubsub.topics", topics, "--archive.path", str(log),
-             "--archive.fsync", "false", "--log.format", "json", *extra],
-            stderr=subprocess.PIPE, text=True)
+    def __init__(self, script: str, *args: str):
+        exe = os.path.join(os.path.dirname(sys.executable), script)
+        self.proc = subprocess.Popen([exe, *args], stderr=subprocess.PIPE, text=True)
         self.lines: list[dict] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -37,13 +34,23 @@ class ArchiverProcess:
             except ValueError:
                 self.lines.append({"msg": line})
 
-    def logged(self, msg: str) -> dict | None:
-        return next((rec for rec in list(self.lines) if rec.get("msg") == msg), None)
+    def logged(self, msg: str, **fields: object) -> dict | None:
+        """The first line logged with ``msg`` (and ``fields``), if any."""
+        return next((rec for rec in list(self.lines)
+                     if rec.get("msg") == msg and all(rec.get(k) == v for k, v in fields.items())), None)
 
     def wait(self, timeout: float = 20) -> int:
         code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=5)
         return code
+
+
+class ArchiverProcess(DaemonProcess):
+    """df-archiver in a subprocess."""
+
+    def __init__(self, log: Path, driver: str, topics: str, *extra: str):
+        super().__init__("df-archiver", "--pubsub.driver", driver, "--pubsub.topics", topics, "--archive.path",
+                         str(log), "--archive.fsync", "false", "--log.format", "json", *extra)
 
 
 def published_rows(log: Path) -> list[dict]:
