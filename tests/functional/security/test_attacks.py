@@ -91,12 +91,12 @@ def test_forged_sequence_and_version_leave_the_cache_equal_to_the_store(tmp_path
 
 
 @contextlib.contextmanager
-def _hello_attack(limits: TrackerLimits = TrackerLimits()) -> Iterator[tuple[Sink, Callable[..., None]]]:
+def _hello_attack(limits: TrackerLimits | None = None) -> Iterator[tuple[Sink, Callable[..., None]]]:
     """A real publisher, a subscriber of it, and ``send(pid, name)``: a hello from an attacker's
     PUB socket the subscriber also reaches, with max_idle -1 (never taken as dead). The real
     publisher's event must get through at the end."""
     pub = make_pub(max_idle_time=0.3)
-    sink = Sink(["port"], [pub.transport.uri], max_idle_time=0.3, limits=limits)
+    sink = Sink(["port"], [pub.transport.uri], max_idle_time=0.3, limits=limits or TrackerLimits())
     attacker = zmq.Context.instance().socket(zmq.PUB)
     attacker.setsockopt(zmq.SNDHWM, 0)
     port = attacker.bind_to_random_port("tcp://127.0.0.1")
