@@ -137,6 +137,8 @@ class StoreSettings(_Section):
     )
     max_value_bytes: int = Field(1 << 20, ge=1024, description="Largest object value, bytes (msgpack).")
     prefix: str = Field("dfpubsub", description="Key namespace on etcd and Redis.")
+    create: bool = Field(False, description="Daemons create a SQLite store that does not exist (else they refuse "
+                         "to start: a mistyped path must not become an empty store; df-db init creates one).")
 
 
 class NbApiSettings(_Section):
@@ -162,6 +164,8 @@ class FeedSettings(_Section):
     compact_interval: float = Field(60.0, ge=0, description="df-feed: seconds between compactions (0: never).")
     announce: bool = Field(True, description="df-feed: register in the [discovery] table.")
     advertise_host: str = Field("", description="df-feed: host subscribers reach a wildcard-bound endpoint at.")
+    ready_lag: int = Field(10_000, ge=1, description="df-feed: /readyz fails while the reader is more than this "
+                           "many revisions behind the feed's head.")
 
 
 class ControllerSettings(_Section):

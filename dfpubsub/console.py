@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import NoReturn, Protocol
 
@@ -67,6 +69,7 @@ def console_main(prog: str) -> Callable[[Main], GuardedMain]:
     def wrap(main: Main) -> GuardedMain:
         @functools.wraps(main)
         def guarded(argv: list[str] | None = None) -> int:
+            warnings.showwarning = functools.partial(_show_warning, prog)
             try:
                 return main(argv)
             except KeyboardInterrupt:
@@ -83,18 +86,44 @@ def console_main(prog: str) -> Callable[[Main], GuardedMain]:
     return wrap
 
 
+def _show_warning(prog: str, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """A warning (one meant for the user, such as a deprecated URL form) as one line, like an error."""
+    print(f"{prog}: warning: {one_line(str(message))}", file=sys.stderr)
+
+
 def _fail(prog: str, exc: BaseException, status: int, message: str) -> int:
     log.debug("%s failed", prog, exc_info=exc)
     print(f"{prog}: {message}", file=sys.stderr)
     return status
 
 
-def stop_on_signals() -> threading.Event:
-    """An event that SIGTERM and SIGINT set: a daemon's main loop runs until it is set, then
-    stops gracefully (drain, bye, release leases)."""
-    stop = threading.Event()
+def stop_on_signals(stop: threading.Event | None = None) -> threading.Event:
+    """An event (``stop``, or a new one) that SIGTERM and SIGINT set: a daemon's main loop runs
+    until it is set, then stops gracefully (drain, bye, release leases).
+
+    The handler only writes a byte to a pipe, and a thread reading it sets the event. A handler
+    that set the event itself could hang for ever: it runs in the main thread between two
+    bytecodes, possibly while that thread holds the event's lock inside ``Event.wait``, and
+    ``Event.set`` takes the same lock (a SIGTERM ignored for minutes, once in many tries).
+    """
+    stop = stop if stop is not None else threading.Event()
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+
+    def on_signal(signum: int, frame: object) -> None:
+        try:
+            os.write(writable, b"\0")
+        except BlockingIOError:  # the pipe is full of earlier signals: one is enough
+            pass
+
+    def watch() -> None:
+        while os.read(readable, 1):
+            stop.set()
+
+    threading.Thread(target=watch, name="dfpubsub-signals", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     return stop
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "InvalidValue",
     "ValueTooLarge",
     "StoreUnavailable",
+    "StoreMissing",
     "WriteOutcomeUnknown",
     "HistoryGone",
     "QueueError",
@@ -151,6 +152,14 @@ class ValueTooLarge(InvalidValue):
 
 class StoreUnavailable(StoreError, TransportError):
     """The store's server cannot be reached (the write may or may not have happened)."""
+
+
+class StoreMissing(StoreUnavailable):
+    """The store does not exist (a SQLite file never created) and nobody asked to create it.
+
+    Opening it would create an empty store, and a reconciler would then act as if every object
+    had been deleted: daemons refuse, and ``df-db init`` (or ``[store] create``) creates it.
+    """
 
 
 class WriteOutcomeUnknown(StoreUnavailable):

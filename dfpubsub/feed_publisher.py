@@ -23,13 +23,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .errors import HistoryGone, InvalidEvent, StoreError
 from .events import Action, VersionedObject
 from .logs import RateLimitedLog
-from .metrics import Stats
+from .metrics import ROLE_COUNTERS, Stats
 from .retry import Backoff
 from .store import FeedEntry, Store
 
@@ -86,6 +86,7 @@ class FeedPublisher:
         self.batch = batch
         self.compact_interval = compact_interval
         self.stats = stats or publisher.stats
+        self.stats.seed(*ROLE_COUNTERS["feed"])
         self._topics = set(topics) | set(store.tables)
         self._trouble = RateLimitedLog(log)
         saved = cursor.load() if cursor is not None else None
@@ -118,11 +119,13 @@ class FeedPublisher:
             self._save()
         return len(entries)
 
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Publish until ``stop`` is set; a store that fails is retried with backoff; the feed is
-        compacted every ``compact_interval`` seconds."""
+        compacted every ``compact_interval`` seconds. ``beat`` is called at every turn (a
+        liveness probe's heartbeat)."""
         backoff, next_compact = Backoff(0.1, 5.0), 0.0
         while not stop.is_set():
+            beat()
             try:
                 self.step()
                 backoff.reset()

@@ -70,6 +70,27 @@ COUNTERS: dict[str, str] = {
     "leader_transitions": "Times this process started or stopped leading, by reason (acquired, released, "
                           "lost, expired).",
     "leader_errors": "Lease calls (acquire, renew, release) that failed: the backend down, slow or refusing.",
+    "stale_events": "Events older than what a controller's cache held, dropped.",
+    "resync_changes": "Changes a controller's repairs found that the events had missed.",
+    "suspect_empty_syncs": "First syncs that found an empty store where the previous run held objects (its status "
+                           "file says so): a wrong store.url or prefix, or a wiped store.",
+    "envelopes_relayed": "Envelopes df-publisher-service relayed from workers to subscribers.",
+    "workers_seen": "Forked workers df-publisher-service heard from for the first time.",
+    "workers_forgotten": "Workers df-publisher-service forgot after their silence.",
+    "feed_entries": "Change-feed entries df-feed read.",
+    "feed_published": "Changes df-feed published.",
+    "feed_store_errors": "Reads of the change feed that failed (retried with backoff).",
+    "feed_history_gone": "Times df-feed found its position compacted away (subscribers resync).",
+    "feed_declared_lost": "Times df-feed declared its topics lost (subscribers resync).",
+    "feed_gone_since": "Changes deleted before df-feed could read them (their delete follows).",
+    "feed_unpublishable": "Changes df-feed could not publish (too large): subscribers find the gap.",
+    "feed_undecodable": "Objects df-feed could not decode (written by something else), skipped.",
+    "feed_compacted": "Change-feed entries df-feed compacted away.",
+    "delivered": "Notifications delivered to their endpoint.",
+    "retries": "Notification deliveries retried.",
+    "send_failures": "Notification sends that failed, by reason (rejected, retryable).",
+    "dead_letters": "Notifications moved to the dead letters, by reason.",
+    "shard_failures": "Shard tasks of df-notify that failed and were restarted.",
 }
 
 #: Help strings of the gauges; the exported name is ``dfpubsub_<name>``.
@@ -84,19 +105,37 @@ GAUGES: dict[str, str] = {
     "repair_position": "Store revision up to which a controller's cache holds every committed write.",
     "leader": "1 while this process holds its leader lease and may act, else 0 (a standby; [leader] enabled).",
     "leader_token": "Fencing token of the lease this process holds or last held (0: never held).",
+    "up": "1 while a daemon runs (0 as it stops).",
+    "synced": "1 once a daemon did its first sync (controller: cache listed and reconciled; df-feed: caught up "
+              "with the feed; df-notify: queues walked).",
+    "ready": "1 while every readiness check of a daemon passes (/readyz answers 200).",
 }
 
+_SUBSCRIBER = ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled", "streams_rebased",
+               "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors")
+_PUBLISHER = ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops", "subscribers_joined")
+_RELAY = ("envelopes_in", "envelopes_out", "envelopes_relayed", "drops", "decode_errors", "hellos_out",
+          "workers_seen", "workers_forgotten", "subscribers_joined")
+
 #: Counters a component of each role shows from its start, at zero until they move, so a
-#: scrape tells "nothing happened" from "not exported" (a dashboard can alert on a rate).
+#: scrape tells "nothing happened" from "not exported" (an alert on a rate has its series).
 ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
-    "publisher": ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops"),
-    "subscriber": ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled",
-                   "streams_rebased", "streams_restarted", "strings_clamped", "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors"),
-    "controller": ("handler_errors", "workqueue_adds", "workqueue_retries", "reconciles", "reconcile_failed",
-                   "replays", "relists", "replay_entries", "replay_objects", "relist_objects"),
-    "relay": ("envelopes_in", "envelopes_out", "drops"),
+    "publisher": _PUBLISHER,
+    "subscriber": _SUBSCRIBER,
+    "subscriber-transport": ("decode_errors", "drops", "reopens"),
+    # A controller's subscriber counts into the controller's Stats.
+    "controller": _SUBSCRIBER + (
+        "workqueue_adds", "workqueue_retries", "workqueue_full", "workqueue_steals", "reconciles", "reconcile_failed",
+        "redeliveries", "replays", "relists", "replay_entries", "replay_objects", "relist_objects", "stale_events",
+        "resync_changes", "suspect_empty_syncs"),
+    "relay": _RELAY,
+    "publisher_service": _RELAY + ("send_errors",),
     "archiver": ("events_archived", "segments_published", "segment_bytes", "journals_recovered"),
     "notifier": ("notifications_enqueued", "notifications_refused", "notifications_lost"),
+    "notify": ("delivered", "retries", "send_failures", "dead_letters", "shard_failures"),
+    # df-feed's publisher: a publisher's counters and the feed's (FeedPublisher seeds them).
+    "feed": ("feed_entries", "feed_published", "feed_store_errors", "feed_history_gone", "feed_declared_lost",
+             "feed_gone_since", "feed_unpublishable", "feed_undecodable", "feed_compacted"),
     "leader": ("leader_transitions", "leader_errors"),
 }
 
@@ -150,9 +189,13 @@ class Stats:
         self.counts: dict[tuple[str, str], int] = {}
         self.levels: dict[str, float | Callable[[], float]] = {}
         self.histograms: dict[str, Histogram] = {}
-        for counter in ROLE_COUNTERS.get(role, ()):
-            self.counts[(counter, "")] = 0
+        self.seed(*ROLE_COUNTERS.get(role, ()))
         _live.add(self)
+
+    def seed(self, *counters: str) -> None:
+        """Export ``counters`` at zero until they move (a component that plays a second role)."""
+        for counter in counters:
+            self.counts.setdefault((counter, ""), 0)
 
     def set(self, gauge: str, value: float | Callable[[], float]) -> None:
         """Set a gauge (exported as ``dfpubsub_<gauge>``); a callable is read at every scrape."""

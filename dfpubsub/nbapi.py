@@ -56,7 +56,7 @@ class NbApi:
         publisher on the configured driver; with ``[notify] enabled``, a notifier on the configured
         queues."""
         publish = publish and settings.nbapi.publish != "feed"
-        store = open_store_from_settings(settings)
+        store = open_store_from_settings(settings, create=True)  # a writer's first write makes the store
         notifier = None
         if settings.notify.enabled:
             from .notify.producer import Notifier

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .codec import decode_header, encode_hello, hello_parts
@@ -115,9 +116,11 @@ class Relay:
         self._forget(now)
         return relayed
 
-    def run(self, stop: threading.Event, drain_timeout: float = 2.0) -> None:
-        """Relay until ``stop`` is set, then drain what workers already sent (up to ``drain_timeout``)."""
+    def run(self, stop: threading.Event, drain_timeout: float = 2.0, beat: Callable[[], None] = lambda: None) -> None:
+        """Relay until ``stop`` is set, then drain what workers already sent (up to ``drain_timeout``);
+        ``beat`` is called at every turn (a liveness probe's heartbeat)."""
         while not stop.is_set():
+            beat()
             if self.step(0.1):
                 # Under load, relay what came meanwhile in one step: every step wakes this
                 # thread and ZeroMQ's I/O thread, which costs more than relaying a frame.

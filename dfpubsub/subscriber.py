@@ -189,6 +189,11 @@ class Subscriber:
         """Block until every topic was synced once; return whether that happened."""
         return self.synced.wait(timeout)
 
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The threads :meth:`start` started (a daemon's liveness probe watches them)."""
+        return list(self._threads)
+
     def close(self) -> None:
         """Stop both threads and close the transport; queued events are dropped."""
         if self._closed:

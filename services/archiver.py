@@ -6,28 +6,29 @@ appended to a journal, so a crash loses nothing: the next start publishes the
 journal. The archiver does not resync from the store: what the transport lost
 stays visible as a sequence gap in the log (``df-pipeline audit`` reports it)
 and in the ``gaps`` counter. SIGTERM publishes what is buffered and exits;
-``--metrics.port`` serves Prometheus counters.
+``--metrics.port`` serves Prometheus counters and the /livez and /readyz probes.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from dfpubsub.archive import SegmentWriter
-from dfpubsub.config import Settings, add_config_arguments, settings_from_args
-from dfpubsub.console import ArgumentParser, console_main
+from dfpubsub.config import Settings, parse_settings
+from dfpubsub.console import close_all, console_main
+from dfpubsub.daemon import Daemon, check_settings
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import Event
 from dfpubsub.factory import create_subscriber
-from dfpubsub.leader import Leadership, lead
+from dfpubsub.leader import Leadership
 from dfpubsub.logs import setup_logging
-from dfpubsub.metrics import Stats, start_metrics_server
+from dfpubsub.metrics import Stats
 
 log = logging.getLogger("df-archiver")
 
@@ -37,14 +38,17 @@ __all__ = ["Archiver", "main"]
 class Archiver:
     """Subscribes to ``topics`` as ``settings`` say and archives every event under ``archive.path``."""
 
-    def __init__(self, settings: Settings, topics: list[str], name: str, leadership: Leadership | None = None):
+    def __init__(self, settings: Settings, topics: list[str], name: str, stop: threading.Event | None = None,
+                 leadership: Leadership | None = None):
         a = settings.archive
         self.name = name
         self.stats = Stats("archiver", name)
         self.writer = SegmentWriter(a.path, a.segment_max_bytes, a.segment_max_age, a.fsync, self.stats)
         self.subscriber = create_subscriber(settings, self._on_event, None, topics, name)
         self._tick = min(1.0, a.segment_max_age / 4)
-        self._stop = threading.Event()
+        self._stop = stop if stop is not None else threading.Event()
+        #: Why the last segment could not be published (None: the last roll went well).
+        self.trouble: str | None = None
         self._leadership = leadership or Leadership(None)
 
     def _on_event(self, event: Event) -> None:
@@ -66,15 +70,19 @@ class Archiver:
         """Ask :meth:`run` to return."""
         self._stop.set()
 
-    def run(self) -> bool:
+    def run(self, beat: Callable[[], None] = lambda: None) -> bool:
         """Roll segments by age until :meth:`stop`; then stop receiving and publish the rest.
+        ``beat`` is called at every turn (a liveness probe's heartbeat).
 
         Returns whether everything received was published (else it waits in a journal).
         """
         while not self._stop.wait(self._tick):
+            beat()
             try:
                 self.writer.maybe_roll()
+                self.trouble = None
             except DfPubSubError as exc:  # a full disk: its rows stay in their journal until the next start
+                self.trouble = f"cannot publish a segment: {exc}"
                 log.error("cannot publish a segment", extra={"error": str(exc)})
         self.subscriber.close()
         try:
@@ -91,40 +99,38 @@ class Archiver:
 @console_main("df-archiver")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-archiver``."""
-    parser = ArgumentParser(prog="df-archiver", description=__doc__.split("\n")[0])
-    add_config_arguments(parser, ("pubsub", "archive", "store", "discovery", "leader", "log", "metrics"))
-    args = parser.parse_args(argv)
-    try:
-        settings = settings_from_args(args)
-    except DfPubSubError as exc:
-        print(f"df-archiver: {exc}", file=sys.stderr)
-        return 2
+    settings = check_settings(parse_settings("df-archiver", __doc__.split("\n")[0], argv,
+                                             ("pubsub", "archive", "store", "discovery", "leader", "log",
+                                              "metrics")))
     setup_logging(settings.log.level, settings.log.format)
     name = settings.archive.name or socket.gethostname()
     topics = settings.pubsub.topics or settings.store.tables
-    leadership = lead(settings, "df-archiver")
-    start_metrics_server(settings.metrics.port, settings.metrics.addr)
-    if not leadership.wait():  # [leader]: a standby stopped before it led
+    daemon = Daemon("df-archiver", name, settings)
+    leadership = daemon.lead()  # journals are recovered by the leader only
+    if leadership is None:  # a standby stopped before it led
+        daemon.close()
         return 0
+    archiver = Archiver(settings, topics, name, daemon.stop, leadership)
+    connector = discovery = None
     try:
-        archiver = Archiver(settings, topics, name, leadership)
-        connector = discovery = None
         if settings.archive.discover:
             discovery = discovery_from_settings(settings)
             connector = DiscoveryConnector(discovery, archiver.subscriber)
         archiver.start()
-    except DfPubSubError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        return 1
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: archiver.stop())
+    except DfPubSubError:
+        close_all(connector, discovery, archiver.subscriber, leadership, daemon)
+        raise
+    health = daemon.health
+    health.synced.set()  # journals published, subscribed: nothing more to sync
+    health.readiness("archive", lambda: archiver.trouble)
+    health.threads("threads", lambda: archiver.subscriber.threads)
+    beat = health.heartbeat("main", 30.0)
     log.info("archiver started", extra={"archiver": name, "topics": sorted(topics), "path": settings.archive.path,
                                         "subscriber": archiver.subscriber.transport.__class__.__name__})
-    clean = archiver.run()
-    if connector is not None and discovery is not None:
+    clean = archiver.run(beat)
+    if connector is not None:
         connector.close(disconnect=False)
-        discovery.close()
-    leadership.close()
+    close_all(discovery, leadership, daemon)
     return leadership.exit_status(0 if clean else 1)
 
 

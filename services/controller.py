@@ -18,17 +18,18 @@ import socket
 import sys
 
 from dfpubsub.config import parse_settings
-from dfpubsub.console import console_main
+from dfpubsub.console import close_all, console_main
 from dfpubsub.controller import Controller, ControllerOptions, ObjectKey, StatusWriter
+from dfpubsub.daemon import Daemon, check_settings
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
 from dfpubsub.events import VersionedObject
 from dfpubsub.factory import create_driver, subscriber_options
-from dfpubsub.leader import Leadership, lead
+from dfpubsub.leader import Leadership
 from dfpubsub.logs import setup_logging
-from dfpubsub.metrics import Stats, start_metrics_server
+from dfpubsub.metrics import Stats
 from dfpubsub.pipeline.bootstrap import SnapshotBootstrap
-from dfpubsub.store import open_store_from_settings
+from dfpubsub.store import Store, open_store_from_settings
 
 log = logging.getLogger("df-controller")
 
@@ -54,19 +55,23 @@ class LoggingReconciler:
 @console_main("df-controller")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-controller``."""
-    settings = parse_settings("df-controller", __doc__.split("\n")[0], argv,
-                              ("pubsub", "cache", "store", "controller", "discovery", "leader", "etcd",
-                               "redis", "log", "metrics"))
+    settings = check_settings(parse_settings(
+        "df-controller", __doc__.split("\n")[0], argv,
+        ("pubsub", "cache", "store", "controller", "discovery", "leader", "etcd", "redis", "log",
+         "metrics")))
     setup_logging(settings.log.level, settings.log.format)
     name = settings.controller.name or socket.gethostname()
     topics = settings.pubsub.topics or settings.store.tables
+    daemon = Daemon("df-controller", name, settings)
+    store = daemon.open("store", lambda: open_store_from_settings(settings))
+    if store is None:
+        return 0
     try:
-        store = open_store_from_settings(settings)
         driver = create_driver(settings)
         transport = driver.subscriber(Stats("subscriber-transport", name))
-    except DfPubSubError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        return 1
+    except DfPubSubError:
+        store.close()
+        raise
     reconciler = LoggingReconciler()
     controller = Controller(
         store, transport, topics, None, subscriber_options(settings.pubsub), name,
@@ -76,38 +81,46 @@ def main(argv: list[str] | None = None) -> int:
         runtime=ControllerOptions.from_settings(settings.controller),
     )
     reconciler.controller = controller
-    reconciler.leadership = leadership = lead(settings, "df-controller")
     discovery = connector = None
     if settings.controller.discover:
         try:
             discovery = discovery_from_settings(settings)
             connector = DiscoveryConnector(discovery, controller.subscriber, static=[driver.url] if driver.url else [])
-        except DfPubSubError as exc:
-            log.error("cannot watch the discovery table", extra={"error": str(exc)})
+        except DfPubSubError:
             store.close()
-            return 1
-    start_metrics_server(settings.metrics.port, settings.metrics.addr)
-    if not leadership.wait():  # [leader]: a standby stopped before it led
-        if connector is not None and discovery is not None:
+            raise
+    health = daemon.health
+    health.synced = controller.synced
+    health.threads("threads", lambda: controller.threads)
+    health.polled("store", lambda: _ping(store), interval=2.0, timeout=10.0)
+    leadership = daemon.lead()
+    if leadership is None:  # a standby stopped before it led
+        if connector is not None:
             connector.close(disconnect=False)
-            discovery.close()
-        store.close()
+        close_all(discovery, store, daemon)
         return 0
+    reconciler.leadership = leadership
+    beat = health.heartbeat("main", 30.0)
     # What exists at start-up lives as long as the daemon: keep it out of every collection.
     gc.freeze()
     log.info("controller starting", extra={"controller": name, "topics": sorted(topics), "store": store.backend,
                                            "discover": settings.controller.discover})
     status = StatusWriter(controller, settings.controller.status_file, settings.controller.status_interval) \
         if settings.controller.status_file else None
-    controller.run_forever()
-    if status is not None:
-        status.close()
-    if connector is not None and discovery is not None:
-        connector.close(disconnect=False)
-        discovery.close()
-    leadership.close()
-    store.close()
+    controller.start()
+    while not daemon.stop.wait(1.0):
+        beat()
+    log.info("controller stopping", extra={"controller": name})
+    controller.stop(timeout=3.0)
+    if connector is not None:
+        connector.close(disconnect=False)  # the subscriber is closed: nothing to disconnect
+    close_all(status, discovery, leadership, store, daemon)
     return leadership.exit_status()
+
+
+def _ping(store: Store) -> None:
+    """A store that answers passes (a failure raises, and fails the check with its message)."""
+    store.feed_head()
 
 
 if __name__ == "__main__":

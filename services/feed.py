@@ -17,18 +17,19 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+import threading
+from functools import partial
 
 from dfpubsub.config import parse_settings
-from dfpubsub.console import close_all, console_main, stop_on_signals
+from dfpubsub.console import close_all, console_main
+from dfpubsub.daemon import Daemon, check_settings
 from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
-from dfpubsub.errors import ConfigError, DfPubSubError
+from dfpubsub.errors import ConfigError
 from dfpubsub.factory import create_publisher
 from dfpubsub.feed_publisher import FeedPublisher, FileCursor
-from dfpubsub.leader import lead
 from dfpubsub.logs import setup_logging
-from dfpubsub.metrics import start_metrics_server
 from dfpubsub.publisher import Publisher
-from dfpubsub.store import open_store_from_settings
+from dfpubsub.store import Store, open_store_from_settings
 
 log = logging.getLogger("df-feed")
 
@@ -36,41 +37,58 @@ log = logging.getLogger("df-feed")
 @console_main("df-feed")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-feed``."""
-    settings = parse_settings("df-feed", __doc__.split("\n")[0], argv,
-                              ("feed", "store", "pubsub", "discovery", "leader", "etcd", "redis",
-                               "log", "metrics"))
+    settings = check_settings(parse_settings("df-feed", __doc__.split("\n")[0], argv,
+                                             ("feed", "store", "pubsub", "discovery", "leader", "etcd", "redis",
+                                              "log", "metrics")))
     setup_logging(settings.log.level, settings.log.format)
     fs = settings.feed
+    if settings.pubsub.multiproc:
+        raise ConfigError("df-feed is one process: set pubsub.multiproc = false and give it a driver to bind")
     name = settings.pubsub.publisher_name or f"{socket.gethostname()}/feed"
-    store = publisher = feed = announcer = discovery = leadership = None
+    daemon = Daemon("df-feed", name, settings)
+    store = daemon.open("store", lambda: open_store_from_settings(settings))
+    publisher = feed = announcer = discovery = leadership = None
     try:
-        if settings.pubsub.multiproc:
-            raise ConfigError("df-feed is one process: set pubsub.multiproc = false and give it a driver to bind")
-        store = open_store_from_settings(settings)
+        if store is None:
+            return 0
         publisher = create_publisher(settings, name)
         assert isinstance(publisher, Publisher)
-        feed = FeedPublisher(store, publisher, FileCursor(fs.cursor, fs.fsync) if fs.cursor else None,
-                             topics=settings.pubsub.topics, batch=fs.batch, compact_interval=fs.compact_interval)
+        pub = publisher
+        feed = daemon.open("store", lambda: FeedPublisher(
+            store, pub, FileCursor(fs.cursor, fs.fsync) if fs.cursor else None,
+            topics=settings.pubsub.topics, batch=fs.batch, compact_interval=fs.compact_interval))
+        if feed is None:
+            return 0
         if fs.announce:
-            discovery = discovery_from_settings(settings)
-            announcer = PublisherAnnouncer(discovery, publisher, advertise_host=fs.advertise_host or None)
-        leadership = lead(settings, "df-feed")
-    except DfPubSubError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        close_all(announcer, discovery, feed, publisher, store)
-        return 1
-    start_metrics_server(settings.metrics.port, settings.metrics.addr)
-    stop = stop_on_signals()
-    if not leadership.wait():  # [leader]: a standby stopped before it led
-        close_all(announcer, discovery, feed, publisher, store)
-        return 0
-    log.info("feed publisher starting", extra={"publisher": name, "id": publisher.id, "position": feed.position,
-                                               "uri": publisher.transport.uri})
-    feed.run(stop)
-    log.info("feed publisher stopping", extra={"publisher": name, "position": feed.position,
-                                               "published": publisher.stats.get("feed_published")})
-    close_all(leadership, announcer, discovery, feed, publisher, store)
-    return leadership.exit_status()
+            discovery = found = discovery_from_settings(settings)
+            announcer = daemon.open("discovery", lambda: PublisherAnnouncer(found, pub,
+                                                                            advertise_host=fs.advertise_host or None))
+            if announcer is None:
+                return 0
+        leadership = daemon.lead()
+        if leadership is None:  # a standby stopped before it led
+            return 0
+        health = daemon.health
+        health.polled("feed", partial(_lag, store, feed, fs.ready_lag, health.synced), interval=1.0, timeout=10.0)
+        beat = health.heartbeat("main", 30.0)
+        log.info("feed publisher starting", extra={"publisher": name, "id": publisher.id, "position": feed.position,
+                                                   "uri": publisher.transport.uri})
+        feed.run(daemon.stop, beat)
+        log.info("feed publisher stopping", extra={"publisher": name, "position": feed.position,
+                                                   "published": publisher.stats.get("feed_published")})
+    finally:
+        close_all(leadership, announcer, discovery, feed, publisher, store, daemon)
+    return leadership.exit_status() if leadership is not None else 0
+
+
+def _lag(store: Store, feed: FeedPublisher, bound: int, synced: threading.Event) -> str | None:
+    """The readiness of df-feed: the store answers and the reader is within ``bound`` revisions of
+    the feed's head (the first time: synced)."""
+    behind = store.feed_head() - feed.position
+    if behind > bound:
+        return f"{behind} revisions behind the feed's head (limit {bound})"
+    synced.set()
+    return None
 
 
 if __name__ == "__main__":

@@ -16,69 +16,88 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
+import threading
+from functools import partial
 
+from dfpubsub.backends.sqlite import require_sqlite_file
 from dfpubsub.config import parse_settings
-from dfpubsub.console import console_main
-from dfpubsub.errors import DfPubSubError
+from dfpubsub.console import close_all, console_main
+from dfpubsub.daemon import Daemon, check_settings
 from dfpubsub.factory import create_subscriber
 from dfpubsub.logs import setup_logging
-from dfpubsub.metrics import start_metrics_server
 from dfpubsub.notify.bridge import NotificationBridge
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryWorker
 from dfpubsub.notify.producer import Notifier
 from dfpubsub.notify.wiring import queues_from_settings, registry_from_settings
+from dfpubsub.store import MISSING_HINT
 
 log = logging.getLogger("df-notify")
 
 
-async def _run(worker: DeliveryWorker) -> None:
+async def _run(worker: DeliveryWorker, daemon: Daemon) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await worker.run(stop)
+    beat = daemon.health.heartbeat("loop", 30.0)
+
+    async def watch() -> None:
+        # The signal sets a thread's event; this brings it into the loop, and shows the loop turns.
+        while not daemon.stop.is_set():
+            beat()
+            await asyncio.sleep(0.2)
+        stop.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await worker.run(stop)
+    finally:
+        watcher.cancel()
+
+
+def _walked(worker: DeliveryWorker, synced: threading.Event) -> str | None:
+    """The readiness of df-notify: its last walk of the queues (claiming and renewing the shards'
+    leases) went well."""
+    if worker.walk_error is not None:
+        return f"walking the queues failed: {worker.walk_error}"
+    if worker.walked is None:
+        return "the queues were not walked yet"
+    synced.set()
+    return None
 
 
 @console_main("df-notify")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-notify``."""
-    settings = parse_settings("df-notify", __doc__.split("\n")[0], argv, ("notify", "store", "pubsub", "etcd", "redis", "log", "metrics"))
+    settings = check_settings(parse_settings("df-notify", __doc__.split("\n")[0], argv,
+                                             ("notify", "store", "pubsub", "etcd", "redis", "log", "metrics")))
     setup_logging(settings.log.level, settings.log.format)
     n = settings.notify
     worker_id = n.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    daemon = Daemon("df-notify", worker_id, settings)
+    if not settings.store.create:
+        require_sqlite_file(n.url or settings.store.url, MISSING_HINT)
+    queues = daemon.open("queues", lambda: queues_from_settings(settings))
+    if queues is None:
+        return 0
+    subscriber = notifier = None
     try:
-        queues = queues_from_settings(settings)
         registry = registry_from_settings(settings, queues)
         worker = DeliveryWorker(queues, registry, DeliveryOptions(
             worker_id, renew_interval=n.renew_interval, lease=n.lease, poll_interval=n.poll_interval,
             batch_size=n.batch_size, max_inflight=n.max_inflight, endpoint_inflight=n.endpoint_inflight))
-    except DfPubSubError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        return 1
-    subscriber = notifier = None
-    if n.bridge:
-        try:
+        if n.bridge:
             notifier = Notifier(registry, queues, publisher=worker_id)
             subscriber = create_subscriber(settings, NotificationBridge(notifier),
                                            topics=settings.pubsub.topics or settings.store.tables,
                                            name=f"{worker_id}-bridge")
-        except DfPubSubError as exc:
-            log.error("cannot start the pub/sub bridge", extra={"error": str(exc)})
-            queues.close()
-            return 1
-        subscriber.start()
-    start_metrics_server(settings.metrics.port, settings.metrics.addr)
-    log.info("df-notify starting", extra={"worker": worker_id, "queues": queues.backend,
-                                          "renew_interval": n.renew_interval, "lease": n.lease})
-    asyncio.run(_run(worker))
-    log.info("df-notify stopping", extra={"worker": worker_id})
-    if subscriber is not None and notifier is not None:
-        subscriber.close()
-        notifier.close()
-    queues.close()
+            subscriber.start()
+        daemon.health.readiness("queues", partial(_walked, worker, daemon.health.synced))
+        log.info("df-notify starting", extra={"worker": worker_id, "queues": queues.backend,
+                                              "renew_interval": n.renew_interval, "lease": n.lease})
+        asyncio.run(_run(worker, daemon))
+        log.info("df-notify stopping", extra={"worker": worker_id})
+    finally:
+        close_all(subscriber, notifier, queues, daemon)
     return 0
 
 

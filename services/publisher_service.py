@@ -21,12 +21,13 @@ import socket
 import sys
 
 from dfpubsub.config import parse_settings
-from dfpubsub.console import close_all, console_main, stop_on_signals
+from dfpubsub.console import close_all, console_main
+from dfpubsub.daemon import Daemon, check_settings
 from dfpubsub.discovery import PublisherAnnouncer, discovery_from_settings
-from dfpubsub.errors import DfPubSubError
+from dfpubsub.errors import ConfigError
 from dfpubsub.factory import create_driver
 from dfpubsub.logs import setup_logging
-from dfpubsub.metrics import Stats, start_metrics_server
+from dfpubsub.metrics import Stats
 from dfpubsub.relay import Relay, RelayOptions
 
 log = logging.getLogger("df-publisher-service")
@@ -35,36 +36,37 @@ log = logging.getLogger("df-publisher-service")
 @console_main("df-publisher-service")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-publisher-service``."""
-    settings = parse_settings("df-publisher-service", __doc__.split("\n")[0], argv,
-                              ("pubsub", "publisher_service", "discovery", "etcd", "redis", "log", "metrics"))
+    settings = check_settings(parse_settings(
+        "df-publisher-service", __doc__.split("\n")[0], argv,
+        ("pubsub", "publisher_service", "discovery", "etcd", "redis", "log", "metrics")))
     setup_logging(settings.log.level, settings.log.format)
     ps = settings.pubsub
     name = ps.publisher_name or f"{socket.gethostname()}/publisher-service"
     stats = Stats("publisher_service", name)
+    daemon = Daemon("df-publisher-service", name, settings)
     ingress = egress = announcer = discovery = None
     try:
         driver = create_driver(settings)
         if not driver.publisher_service:
-            raise DfPubSubError(f"driver {driver.name!r} needs no publisher service: workers publish directly")
+            raise ConfigError(f"driver {driver.name!r} needs no publisher service: workers publish directly")
         egress = driver.publisher(stats)
         ingress = driver.worker_ingress(stats, ps.multiproc_socket)
         relay = Relay(ingress, egress, name, RelayOptions(ps.max_idle_time, ps.dead_after_idles,
                                                           ps.max_message_bytes), stats)
         if settings.publisher_service.announce:
-            discovery = discovery_from_settings(settings)
-            announcer = PublisherAnnouncer(discovery, relay,
-                                           advertise_host=settings.publisher_service.advertise_host or None)
-    except DfPubSubError as exc:
-        log.error("cannot start", extra={"error": str(exc)})
-        close_all(announcer, discovery, ingress, egress)
-        return 1
-    start_metrics_server(settings.metrics.port, settings.metrics.addr)
-    stop = stop_on_signals()
-    log.info("publisher service starting", extra={"service": name, "workers": ingress.uri, "subscribers": egress.uri,
-                                                  "id": relay.id})
-    relay.run(stop, settings.publisher_service.drain_timeout)
-    log.info("publisher service stopping", extra={"service": name, "relayed": stats.get("envelopes_relayed")})
-    close_all(announcer, discovery, ingress, egress)
+            discovery = found = discovery_from_settings(settings)
+            announcer = daemon.open("discovery", lambda: PublisherAnnouncer(
+                found, relay, advertise_host=settings.publisher_service.advertise_host or None))
+            if announcer is None:
+                return 0
+        daemon.health.synced.set()  # both ends bound: workers and subscribers may come
+        beat = daemon.health.heartbeat("main", 30.0)
+        log.info("publisher service starting", extra={"service": name, "workers": ingress.uri,
+                                                      "subscribers": egress.uri, "id": relay.id})
+        relay.run(daemon.stop, settings.publisher_service.drain_timeout, beat)
+        log.info("publisher service stopping", extra={"service": name, "relayed": stats.get("envelopes_relayed")})
+    finally:
+        close_all(announcer, discovery, ingress, egress, daemon)
     return 0
 
 

@@ -2,8 +2,9 @@
 
 ``df-config sample > /etc/dfpubsub/dfpubsub.toml`` writes every setting with
 its default and help; ``df-config check --config FILE`` loads FILE, the
-environment and any flags exactly as a daemon does and prints one line per
-problem (exit 2) or the effective settings as JSON (exit 0).
+environment and any flags exactly as a daemon does, runs the checks every
+daemon runs before it starts (the same code: :func:`dfpubsub.daemon.check_settings`),
+and prints the problem on one line (exit 2) or the effective settings as JSON (exit 0).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 
 from dfpubsub.config import add_config_arguments, settings_from_args
 from dfpubsub.console import command_parser, console_main
+from dfpubsub.daemon import check_settings
 from dfpubsub.sample_config import render_sample
 
 __all__ = ["main"]
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sample":
         sys.stdout.write(render_sample())
         return 0
-    print(json.dumps(settings_from_args(args).model_dump(mode="json"), indent=2))
+    print(json.dumps(check_settings(settings_from_args(args)).model_dump(mode="json"), indent=2))
     return 0
 
 

@@ -19,8 +19,9 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 import grpc
 from aetcd import rpc
 
-from ..errors import AuthenticationError, ClosedError, ConfigError, StoreError, StoreUnavailable
+from ..errors import AuthenticationError, ClosedError, StoreError, StoreUnavailable
 from .access import EtcdAccess, etcd_access
+from .urls import parse_endpoints
 
 __all__ = ["CHANNEL_OPTIONS", "RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers",
            "open_channel", "txn", "keep_alive_once", "Endpoints", "ForkHooks", "register_fork_hooks", "unregister_fork_hooks",
@@ -45,21 +46,6 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 #: The server is gone or slow: drop the channel, the next call connects again.
 UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
-
-
-def parse_endpoints(url: str) -> list[tuple[str, int]]:
-    """``etcd://host:port[,host:port...]`` as (host, port) pairs; ConfigError otherwise."""
-    if not url.startswith("etcd://"):
-        raise ConfigError(f"etcd URL must look like etcd://host:port[,host:port]: {url!r}")
-    endpoints = []
-    for part in url[len("etcd://"):].split("/", 1)[0].split(","):
-        host, _, port = part.strip().rpartition(":")
-        if not host or not port.isdigit() or "@" in host:
-            raise ConfigError(f"etcd URL must look like etcd://host:port[,host:port]: {url!r}")
-        if not 0 < int(port) < 65536:
-            raise ConfigError(f"etcd URL {url!r}: port {port} is not between 1 and 65535")
-        endpoints.append((host, int(port)))
-    return endpoints
 
 
 def status_code(exc: grpc.RpcError) -> grpc.StatusCode | None:

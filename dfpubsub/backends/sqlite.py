@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, StoreUnavailable
+from ..errors import StoreMissing, StoreUnavailable
+from .urls import sqlite_path
 
 __all__ = ["Row", "SqliteDb", "connect_sqlite", "fetch_rows", "file_location", "require_sqlite_file",
-           "sqlite_path"]
+           "sqlite_lacks_table", "sqlite_path"]
 
 T = TypeVar("T")
 
@@ -22,38 +22,35 @@ T = TypeVar("T")
 Row = tuple[Any, ...]
 
 
-def sqlite_path(url: str) -> str:
-    """The file of a ``sqlite:`` URL, as SQLAlchemy and oslo.db read them.
-
-    ``sqlite:///relative/nb.sqlite`` is relative to the working directory,
-    ``sqlite:////abs/nb.sqlite`` absolute, ``sqlite:///:memory:`` private and
-    in memory. For the older reading, where three slashes meant an absolute
-    path: a relative path whose folder does not exist while ``/folder`` does
-    is taken as absolute, with a DeprecationWarning (write four slashes).
-    ConfigError without a path.
-    """
-    if not url.startswith("sqlite:///"):
-        raise ConfigError(f"sqlite URL must start with sqlite:/// (relative) or sqlite://// (absolute): {url!r}")
-    path = url[len("sqlite:///"):]
-    if path == ":memory:":
-        return path
-    if not path:
-        raise ConfigError(f"sqlite URL needs a path, e.g. sqlite:////var/lib/dfpubsub/nb.sqlite: {url!r}")
-    folder = os.path.dirname(path)
-    if folder and not os.path.isabs(path) and not os.path.isdir(folder) and os.path.isdir("/" + folder):
-        warnings.warn(f"{url} names {path} in the missing folder {folder}; using /{path} as older versions "
-                      f"did. Write sqlite:////{path} for an absolute path.", DeprecationWarning, stacklevel=2)
-        return "/" + path
-    return path
-
-
-def require_sqlite_file(url: str) -> None:
-    """For commands that only read: StoreUnavailable, naming the file, if ``url`` is a SQLite
-    database that does not exist (opening it would create an empty one)."""
+def require_sqlite_file(url: str, hint: str = "nothing to read") -> None:
+    """For commands that only read, and daemons: :class:`StoreMissing`, naming the file and
+    ``hint``, if ``url`` is a SQLite database that does not exist (opening it would create an
+    empty one)."""
     if url.startswith("sqlite:"):
         path = sqlite_path(url)
         if path != ":memory:" and not os.path.exists(path):
-            raise StoreUnavailable(f"no database at {os.path.abspath(path)} ({url}); nothing to read")
+            raise StoreMissing(f"no database at {os.path.abspath(path)} ({url}); {hint}")
+
+
+def sqlite_lacks_table(url: str, table: str) -> bool:
+    """Whether ``url`` is a SQLite database (existing) without ``table``: then it holds none of
+    that table's records, and a reader must not open it the usual way (which creates the table).
+    Looked at through a read-only connection; False for any other URL, and for a missing file
+    (whose opener says so)."""
+    if not url.startswith("sqlite:"):
+        return False
+    path = sqlite_path(url)
+    if path == ":memory:" or not os.path.exists(path):
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True, timeout=5.0)
+        try:
+            row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot read SQLite {path}: {exc}") from exc
+    return row is None
 
 
 def file_location(path: str) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..config import ControllerSettings
+from ..console import stop_on_signals
 from ..errors import HistoryGone
 from ..events import Action, Event, VersionedObject
 from ..logs import RateLimitedLog
@@ -239,18 +239,24 @@ class Controller:
         self.subscriber.start()
         return self
 
-    def stop(self) -> None:
-        """Stop receiving; workers finish the key they hold and exit."""
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The threads :meth:`start` started, the subscriber's included (for a liveness probe)."""
+        return self._threads + self.subscriber.threads
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop receiving; workers finish the key they hold and exit (waited for ``timeout``
+        seconds in all: a reconcile that hangs does not hold up the exit)."""
         self._stop.set()
         self.queue.shutdown()  # first: a dispatch thread blocked on a full queue returns
         self.subscriber.close()
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def run_forever(self) -> None:
         """Start, then block until SIGTERM or SIGINT; stop cleanly."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stop.set())
+        stop_on_signals(self._stop)
         self.start()
         self._stop.wait()
         log.info("controller stopping", extra={"controller": self.name})

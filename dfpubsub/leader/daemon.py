@@ -2,8 +2,8 @@
 
 A daemon calls :func:`lead` early (the elector starts campaigning, the
 ``dfpubsub_leader`` gauge is 0) and :meth:`Leadership.wait` right before it
-starts to act, after its metrics server: a standby waits there (SIGTERM and
-SIGINT end the wait; the daemon exits 0 without having acted). Once leader,
+starts to act, after its probes serve: a standby waits there (the daemon's stop
+event, set by SIGTERM and SIGINT, ends the wait; the daemon exits 0 without having acted). Once leader,
 the daemon starts as it would without election and asks
 :meth:`Leadership.may_act` on its act path. When the
 term ends other than by the daemon's own stop (the lease lost to another, or
@@ -54,24 +54,16 @@ class Leadership:
         """The fencing token, or :class:`~dfpubsub.errors.NotLeader`."""
         return 0 if self.elector is None else self.elector.check()
 
-    def wait(self) -> bool:
-        """Wait until this process holds the lease (at once with [leader] off); False when SIGTERM or
-        SIGINT came first (the lease is then given up: exit without acting). Call it from the main
-        thread: it handles the two signals while it waits, then puts back the handlers it found."""
+    def wait(self, stop: threading.Event) -> bool:
+        """Wait until this process holds the lease (at once with [leader] off); False when ``stop``
+        (the daemon's SIGTERM or SIGINT) was set first: the lease is then given up, and the daemon
+        exits without having acted."""
         if self.elector is None:
             return True
-        stop = threading.Event()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        for sig in previous:
-            signal.signal(sig, lambda *_: stop.set())
-        try:
-            log.info("standing by for the leader lease", extra={"election": self.elector.name,
-                                                                "identity": self.elector.identity})
-            while not stop.is_set() and self.elector.wait_leading(stop=stop) is None:
-                pass
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        log.info("standing by for the leader lease", extra={"election": self.elector.name,
+                                                            "identity": self.elector.identity})
+        while not stop.is_set() and self.elector.wait_leading(stop=stop) is None:
+            pass
         if stop.is_set():
             self.stopped = True
             self.elector.close()

@@ -100,6 +100,10 @@ class DeliveryWorker:
         self._inflight = asyncio.Semaphore(options.max_inflight)
         self._benched: dict[str, float] = {}  # shards given up: not taken back before (monotonic)
         self._log = RateLimitedLog(log, interval=5.0)
+        #: When the last walk of the queues went well (monotonic; None: never), and why the last
+        #: one failed (None: it did not): what df-notify's readiness probe reports.
+        self.walked: float | None = None
+        self.walk_error: str | None = None
 
     def owned(self) -> dict[str, str]:
         """Shards this worker owns now: shard -> topic."""
@@ -114,17 +118,28 @@ class DeliveryWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and deliver until ``stop`` is set; then stop the shards and release their leases."""
+        stopped = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
+                # A walk makes a backend call per shard: a stop does not wait for the rest of them.
+                walk = asyncio.ensure_future(self._claim())
+                await asyncio.wait((walk, stopped), return_when=asyncio.FIRST_COMPLETED)
+                if not walk.done():
+                    walk.cancel()
+                    await asyncio.gather(walk, return_exceptions=True)
+                    break
                 try:
-                    await self._claim()
+                    walk.result()
+                    self.walked, self.walk_error = time.monotonic(), None
                 except DfPubSubError as exc:
+                    self.walk_error = str(exc)
                     self._log.warning("claim", "walking the queues failed; retrying", error=str(exc))
                 try:
                     await asyncio.wait_for(stop.wait(), self.options.renew_interval)
                 except TimeoutError:
                     pass
         finally:
+            stopped.cancel()
             await self._release_all()
 
     # -- ownership ------------------------------------------------------------------------
@@ -201,8 +216,16 @@ class DeliveryWorker:
         names = list(self._shards)
         for name in names:
             await self._drop(name)
-        for name in names:
-            await self._unlock(name)
+        # Released at once so another worker takes them on its next walk, all together and for a
+        # bounded time: a stop must not wait a backend timeout per shard. Unreleased (the backend
+        # down: the last walk failed), a lease expires by itself.
+        if names and self.walk_error is None:
+            unlocks = asyncio.gather(*(self._unlock(name) for name in names))
+            try:
+                await asyncio.wait_for(unlocks, min(2.0, self.options.lease / 3))
+            except TimeoutError:
+                log.warning("stopped before every lease was released; they expire by themselves",
+                            extra={"shards": len(names)})
         for link in self._links.values():
             if link.endpoint is not None:
                 await link.endpoint.close()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
-from ..backends.sqlite import sqlite_path
+from ..backends.sqlite import require_sqlite_file, sqlite_path
 from ..errors import ConfigError
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 from .feed import FeedEntry, FeedReader, FeedRetention
@@ -27,7 +27,11 @@ if TYPE_CHECKING:
     from ..config import Settings
 
 __all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "open_store_from_settings",
-           "DEFAULT_MAX_VALUE_BYTES", "FeedEntry", "FeedReader", "FeedRetention"]
+           "DEFAULT_MAX_VALUE_BYTES", "MISSING_HINT", "FeedEntry", "FeedReader", "FeedRetention"]
+
+
+#: What to do about a store that does not exist, as daemons say it.
+MISSING_HINT = "create it with df-db init (or set [store] create = true), or fix store.url"
 
 
 def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
@@ -55,9 +59,12 @@ def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
     raise ConfigError(f"unknown store URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
 
 
-def open_store_from_settings(settings: Settings) -> Store:
-    """Open the store that ``[store]`` describes."""
+def open_store_from_settings(settings: Settings, create: bool = False) -> Store:
+    """Open the store that ``[store]`` describes; unless ``create`` or ``[store] create``, a SQLite
+    store must exist (:class:`~dfpubsub.errors.StoreMissing` otherwise)."""
     s = settings.store
+    if not (create or s.create):
+        require_sqlite_file(s.url, MISSING_HINT)
     options: dict[str, Any] = {"max_value_bytes": s.max_value_bytes,
                                "feed_retention": FeedRetention(settings.feed.max_entries, settings.feed.max_age)}
     if not s.url.startswith("sqlite"):

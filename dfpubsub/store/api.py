@@ -27,11 +27,17 @@ from ..events import VersionedObject
 from .feed import DEFAULT_BATCH, FeedEntry, FeedReader, FeedRetention
 from .outbox import Outbox
 
-__all__ = ["Store", "AsyncStore", "ObjectVersion", "DEFAULT_MAX_VALUE_BYTES"]
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "DEFAULT_MAX_VALUE_BYTES", "check_name"]
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _MAX_KEY_BYTES = 1024
+
+
+def check_name(kind: str, name: object) -> None:
+    """InvalidValue unless ``name`` is a valid name of a table or topic (``kind``)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidValue(f"{kind} name {name!r} must match {_NAME.pattern}")
 
 
 class ObjectVersion(NamedTuple):
@@ -76,8 +82,7 @@ class Store(abc.ABC):
                  feed_retention: FeedRetention | None = None):
         tables = frozenset(tables)
         for t in tables:
-            if not isinstance(t, str) or not _NAME.match(t):
-                raise InvalidValue(f"table name {t!r} must match {_NAME.pattern}")
+            check_name("table", t)
         self.tables = tables
         self.max_value_bytes = max_value_bytes
         self.feed_retention = feed_retention or FeedRetention()

@@ -46,6 +46,11 @@ class ZmqDriver(Driver):
             raise ConfigError(f"invalid [driver.zmq] options: {exc}") from exc
         if url is not None and not url.startswith(SCHEMES):
             raise ConfigError(f"zmq URL must be zmq+tcp://, zmq+ipc:// or zmq+inproc://, got {url!r}")
+        if url is not None and url.startswith("tcp://"):
+            port = url.rpartition(":")[2]
+            # "*" and 0 bind an ephemeral port; anything else must be one (checked before any bind).
+            if port != "*" and not (port.isdigit() and int(port) < 65536):
+                raise ConfigError(f"zmq URL {url!r}: the port must be a number from 0 to 65535 or *")
 
     def publisher(self, stats: Stats) -> PublisherTransport:
         if not self.url:

@@ -99,7 +99,7 @@ def test_sqlite_urls_read_as_sqlalchemy_does(tmp_path, monkeypatch):
     assert sqlite_path(f"sqlite:///{tmp_path}/nb.sqlite") == f"{tmp_path}/nb.sqlite"  # four slashes: absolute
     assert sqlite_path("sqlite:///:memory:") == ":memory:"
     old = f"sqlite://{tmp_path}/nb.sqlite"  # three slashes before an absolute path: the old reading
-    with pytest.warns(DeprecationWarning, match="sqlite:////"):
+    with pytest.warns(FutureWarning, match="sqlite:////"):
         assert sqlite_path(old) == f"{tmp_path}/nb.sqlite"
     for bad in ("sqlite://", "sqlite:///", "sqlite:nb.sqlite"):
         with pytest.raises(ConfigError):

@@ -32,7 +32,7 @@ app = typer.Typer(
     name="df-db",
     help="Inspect and administer the dfpubsub northbound store, pub/sub and notification queues.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 app.add_typer(store_cmds.app)
@@ -63,7 +63,7 @@ def _options(
     ] = None,
     queues: Annotated[str | None, typer.Option(
         "--queues", metavar="URL", help="Notification queues URL (default: the store's URL).")] = None,
-    fmt: Annotated[Format, typer.Option("--format", "-o", help="table for people, json for scripts.")] = Format.table,
+    fmt: Annotated[Format, typer.Option("--format", "-o", help="table for people, json or yaml for scripts.")] = Format.table,
     version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=_print_version, help="Print the version and exit.")] = False,
 ) -> None:

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
-from dfpubsub.backends.sqlite import require_sqlite_file
+from dfpubsub.backends.sqlite import require_sqlite_file, sqlite_lacks_table
 from dfpubsub.config import Settings, load_settings
 from dfpubsub.discovery import Discovery, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
@@ -33,10 +33,11 @@ PUBLISHER_NAME = "df-db"
 
 
 class Format(str, enum.Enum):
-    """``--format``: rich tables for people, JSON for scripts."""
+    """``--format``: rich tables for people, JSON or YAML for scripts."""
 
     table = "table"
     json = "json"
+    yaml = "yaml"
 
 
 class CliState:
@@ -46,7 +47,7 @@ class CliState:
         self.config = config
         self.store_url = store_url
         self.queues_url = queues_url
-        self.out = Output(json_mode=fmt is Format.json)
+        self.out = Output(fmt.value)
 
     @functools.cached_property
     def settings(self) -> Settings:
@@ -57,9 +58,7 @@ class CliState:
     def open_store(self, create: bool = False) -> Store:
         """The configured store (close it, or use it in ``with``); unless ``create``, a SQLite
         file must exist already: a command that only reads never leaves an empty one behind."""
-        if not create:
-            require_sqlite_file(self.settings.store.url)
-        return open_store_from_settings(self.settings)
+        return open_store_from_settings(self.settings, create)
 
     def open_api(self, publish: bool) -> NbApi:
         """NbApi on the configured store, created if need be; with ``publish``, a publisher on the
@@ -83,6 +82,14 @@ class CliState:
         if not create:
             require_sqlite_file(settings.notify.url or settings.store.url)
         return queues_from_settings(settings)
+
+    def never_written(self, what: str) -> bool:
+        """Whether the ``queues`` or the ``discovery`` table were never written to (a SQLite
+        file without their tables): a command that only reads shows them empty without opening
+        them, which would add their tables to the file."""
+        if what == "queues":
+            return sqlite_lacks_table(self.queues_url or self.settings.notify.url or self.settings.store.url, "q_queues")
+        return sqlite_lacks_table(self.settings.discovery.url or self.settings.store.url, "discovery_publishers")
 
     def open_discovery(self, create: bool = False) -> Discovery:
         """The configured discovery table (``discovery.url``, by default the store's URL); it

@@ -24,19 +24,23 @@ def doctor(ctx: typer.Context) -> None:
     st = state(ctx)
     with st.open_store() as store:
         store.list()
-    with st.open_queues() as queues:
-        for name in queues.list_queues():
-            for read in (queues.queue_info, queues.stats):
-                try:
-                    read(name)
-                except ForeignRecord:  # counted; its other reads would only name it again
-                    break
-        queues.list_dead_letters(None, 1 << 30)
-        registry = NotificationRegistry(queues)
-        registry.list_topics()
-        registry.get_configurations()
-    with st.open_discovery() as discovery:
-        discovery.list()
+    # Only reads: the queues and the discovery table, never written to, are not opened (which
+    # would add their tables to a SQLite file).
+    if not st.never_written("queues"):
+        with st.open_queues() as queues:
+            for name in queues.list_queues():
+                for read in (queues.queue_info, queues.stats):
+                    try:
+                        read(name)
+                    except ForeignRecord:  # counted; its other reads would only name it again
+                        break
+            queues.list_dead_letters(None, 1 << 30)
+            registry = NotificationRegistry(queues)
+            registry.list_topics()
+            registry.get_configurations()
+    if not st.never_written("discovery"):
+        with st.open_discovery() as discovery:
+            discovery.list()
     found, st.out.skipped = st.out.skipped, []  # the rows themselves, not a footer about them
     rows = [r._asdict() for r in sorted(set(found))]
     st.out.rows(rows, [Column("kind", "kind"), Column("key", "key"), Column("reason", "reason"),

@@ -1,7 +1,8 @@
-"""Rendering: rich tables for people, JSON for scripts, progress bars only on a terminal.
+"""Rendering: rich tables for people, JSON or YAML for scripts, progress bars only on a terminal.
 
 In JSON mode stdout carries exactly one JSON document (or, for ``watch``, one
-JSON object per line) and nothing else; messages always go to stderr.
+JSON object per line) and nothing else; YAML mode the same document as YAML
+(for ``watch``, a ``---`` document per item). Messages always go to stderr.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import base64
 import contextlib
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -25,7 +27,7 @@ from rich.text import Text
 
 from dfpubsub.backends.foreign import SkippedRecord
 
-__all__ = ["Column", "Output", "fail", "to_json", "compact", "duration", "clock", "when"]
+__all__ = ["Column", "Output", "fail", "to_json", "to_yaml", "compact", "duration", "clock", "when"]
 
 
 def _jsonable(obj: Any) -> Any:
@@ -49,6 +51,38 @@ def to_json(doc: Any, indent: int | None = None) -> str:
     except (ValueError, TypeError):  # rare: a foreign value; its keys or floats made presentable
         return json.dumps(_strict(doc), indent=indent, separators=separators, default=_jsonable,
                           ensure_ascii=False, allow_nan=False)
+
+
+def to_yaml(doc: Any) -> str:
+    """``doc`` as block-style YAML: the values :func:`to_json` gives (so the same bytes as base64,
+    the same strings for NaN), every string double-quoted, as YAML reads JSON's strings."""
+    return "\n".join(_yaml(json.loads(to_json(doc)))) + "\n"
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def _yaml(value: Any) -> list[str]:
+    if isinstance(value, dict) and value:
+        lines = []
+        for key, item in value.items():
+            name = key if _PLAIN_KEY.match(key) and key.lower() not in _YAML_WORDS else json.dumps(key, ensure_ascii=False)
+            if isinstance(item, (dict, list)) and item:
+                lines.append(f"{name}:")
+                lines += ["  " + line for line in _yaml(item)]
+            else:
+                lines.append(f"{name}: {_yaml(item)[0]}")
+        return lines
+    if isinstance(value, list) and value:
+        lines = []
+        for item in value:
+            first, *rest = _yaml(item)
+            lines += ["- " + first] + ["  " + line for line in rest]
+        return lines
+    if isinstance(value, (dict, list)):
+        return ["{}" if isinstance(value, dict) else "[]"]
+    return [json.dumps(value, ensure_ascii=False)]  # null, true, numbers and quoted strings read the same in YAML
 
 
 def _strict(obj: Any) -> Any:
@@ -106,10 +140,12 @@ class Column:
 
 
 class Output:
-    """Where a command's result goes, in the chosen format."""
+    """Where a command's result goes, in the chosen format: ``table``, ``json`` or ``yaml``
+    (:attr:`json` is true for both of the last: a document for scripts, not a table)."""
 
-    def __init__(self, json_mode: bool):
-        self.json = json_mode
+    def __init__(self, fmt: str = "table"):
+        self.json = fmt != "table"
+        self.yaml = fmt == "yaml"
         #: The foreign records the command's reads skipped (dfpubsub.backends.foreign), shown with the result.
         self.skipped: list[SkippedRecord] = []
         # Piped, a table keeps each row on one line (for grep) instead of wrapping at 80 columns.
@@ -117,8 +153,8 @@ class Output:
         self.err = Console(stderr=True, highlight=False)
 
     def document(self, doc: Any) -> None:
-        """One JSON document on stdout (JSON mode)."""
-        sys.stdout.write(to_json(doc, indent=2) + "\n")
+        """One JSON (or YAML) document on stdout."""
+        sys.stdout.write(to_yaml(doc) if self.yaml else to_json(doc, indent=2) + "\n")
 
     def rows(self, rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str | None = None) -> None:
         """A list of objects: a JSON array, or a table with ``columns``."""
@@ -165,7 +201,7 @@ class Output:
     def line(self, doc: dict[str, Any], text: Text) -> None:
         """One streamed item: a JSON line, or ``text``."""
         if self.json:
-            sys.stdout.write(to_json(doc) + "\n")
+            sys.stdout.write("---\n" + to_yaml(doc) if self.yaml else to_json(doc) + "\n")
             sys.stdout.flush()
         else:
             self.console.print(text, soft_wrap=True)

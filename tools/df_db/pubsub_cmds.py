@@ -25,8 +25,10 @@ def _publisher_doc(r: PublisherRecord) -> dict[str, Any]:
 def publishers(ctx: typer.Context) -> None:
     """The publishers registered in discovery: id, name, URIs, host, pid, age and lease left."""
     st = state(ctx)
-    with st.open_discovery() as discovery:
-        records = discovery.list()
+    records = []
+    if not st.never_written("discovery"):
+        with st.open_discovery() as discovery:
+            records = discovery.list()
     st.out.rows([_publisher_doc(r) for r in records], [
         Column("id", "publisher_id"), Column("name", "name"), Column("uri", "uris", ", ".join),
         Column("host", "host"), Column("pid", "pid", justify="right"), Column("age", "age", duration, "right"),

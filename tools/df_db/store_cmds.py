@@ -48,12 +48,21 @@ def tables(ctx: typer.Context) -> None:
 
 
 @app.command()
-def ls(ctx: typer.Context, table: Annotated[str, typer.Argument(help="A table of the schema.")]) -> None:
-    """The keys of TABLE with their topic and version."""
+def ls(
+    ctx: typer.Context,
+    table: Annotated[str, typer.Argument(help="A table of the schema.")],
+    prefix: Annotated[str, typer.Option("--prefix", "-p", help="Only the keys that start with this.")] = "",
+    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="At most this many keys, the first in order "
+                                       "(0: all); a note on stderr says how many more there are.")] = 0,
+) -> None:
+    """The keys of TABLE with their topic and version (in key order)."""
     st = state(ctx)
     with st.open_store() as store:
-        objects = _sorted(store.list(table))
-    st.out.rows([_doc(o, value=False) for o in objects], _OBJECT_COLUMNS[1:], title=table)
+        objects = _sorted([o for o in store.list(table) if o.key.startswith(prefix)])
+    shown = objects[:limit] if limit else objects
+    st.out.rows([_doc(o, value=False) for o in shown], _OBJECT_COLUMNS[1:], title=table)
+    if len(shown) < len(objects):
+        st.out.note(f"{len(objects) - len(shown)} more key(s); raise --limit to see them")
 
 
 @app.command()
@@ -120,11 +129,13 @@ def update(ctx: typer.Context, table: str, data: Data = None, file: File = None,
 def rm(ctx: typer.Context, table: str, key: str, yes: Yes = False, publish: Publish = True) -> None:
     """Delete one object (only if it is still the version shown when confirming)."""
     st = state(ctx)
+    with st.open_store() as store:
+        obj = store.get(table, key)
+    if obj is None:
+        raise NotFound(f"{table}/{key} does not exist")
+    # Asked before the publisher is made: nothing about publishing is said of a change refused.
+    confirm(f"delete {table}/{key} (version {obj.version})", yes)
     with st.open_api(publish) as api:
-        obj = api.get(table, key)
-        if obj is None:
-            raise NotFound(f"{table}/{key} does not exist")
-        confirm(f"delete {table}/{key} (version {obj.version})", yes)
         gone = api.delete(table, key, expected_version=obj.version)
     st.out.record(_doc(gone, value=False))
 
@@ -133,20 +144,20 @@ def rm(ctx: typer.Context, table: str, key: str, yes: Yes = False, publish: Publ
 def clean(ctx: typer.Context, yes: Yes = False, publish: Publish = True) -> None:
     """Delete every object through NbApi, so that each delete is published."""
     st = state(ctx)
+    with st.open_store() as store:
+        objects = store.list()
+    if objects:
+        confirm(f"delete all {len(objects)} objects of {public_url(st.settings.store.url)}"
+                + (", publishing each delete" if publish else ""), yes)
     deleted = 0
-    with st.open_api(publish) as api:
-        objects = api.list()
-        if objects:
-            confirm(f"delete all {len(objects)} objects of {public_url(st.settings.store.url)}"
-                    + (", publishing each delete" if publish else ""), yes)
-        with st.out.progress(len(objects), "deleting") as advance:
-            for obj in objects:
-                try:
-                    api.delete(obj.table, obj.key)
-                    deleted += 1
-                except NotFound:  # deleted by someone else meanwhile: the goal is reached
-                    pass
-                advance(1)
+    with st.open_api(publish) as api, st.out.progress(len(objects), "deleting") as advance:
+        for obj in objects:
+            try:
+                api.delete(obj.table, obj.key)
+                deleted += 1
+            except NotFound:  # deleted by someone else meanwhile: the goal is reached
+                pass
+            advance(1)
     st.out.record({"deleted": deleted})
 
 

@@ -86,7 +86,7 @@ def test_missing_objects_bad_input_and_usage_errors(tmp_path):
     refused(env, "get", "port", status=2)  # typer's usage errors
     refused(env, "add", "port", status=2)  # neither JSON nor --file
     refused(env, "add", "port", "{}", "--file", "x.json", status=2)
-    refused(env, "--format", "yaml", "tables", status=2)
+    refused(env, "--format", "xml", "tables", status=2)
     refused(env, "frobnicate", status=2)
     assert "unknown store URL" in refused(env, "--store", "gopher://x", "tables", status=2)
 

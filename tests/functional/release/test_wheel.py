@@ -37,6 +37,13 @@ def test_the_wheel_carries_the_license_and_sample_config_and_no_benchmarks(insta
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.endswith(".dist-info/LICENSE") or "/licenses/LICENSE" in n for n in names), names
     assert any(n.endswith("share/dfpubsub/dfpubsub.toml") for n in names)
+    # What the systemd units name under the install prefix (docs/deploy.md, "Installing").
+    for unit in ("df-controller", "df-feed", "df-notify", "df-archiver", "df-publisher-service"):
+        assert any(n.endswith(f"share/dfpubsub/systemd/{unit}.service") for n in names), unit
+    for shipped in ("share/doc/dfpubsub/deploy.md", "share/dfpubsub/prometheus/dfpubsub-alerts.yml",
+                    "share/dfpubsub/grafana/dfpubsub.json"):
+        assert any(n.endswith(shipped) for n in names), shipped
+    assert "dfpubsub/py.typed" in names
     assert not [n for n in names if "/bench/" in n or n.startswith("tools/")]
     assert "dfpubsub/tools/df_keys.py" in names and "dfpubsub/drivers/zeromq/curve.py" in names
 

@@ -1,0 +1,110 @@
+"""One start-up policy for every daemon (docs/deploy.md): a bad setting is one line and exit 2,
+checked by the same code as ``df-config check``; a store that does not exist is one line and
+exit 1, never created by a typo; ``[store] create`` (or ``df-db init``) creates it."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from dfpubsub import open_store
+from tests.conftest import wait_for
+from tests.functional.daemon_helpers import DAEMONS, DaemonProcess, daemon_args, exe
+
+STORE_USERS = ("df-controller", "df-feed", "df-notify")
+
+#: Settings every daemon must refuse before it opens anything, and df-config check with them.
+BAD_SETTINGS = [
+    (["--store.url", "bogus://x"], "store.url: unknown backend URL"),
+    (["--store.url", "etcd://127.0.0.1:70000"], "port 70000 is not between 1 and 65535"),
+    (["--store.url", "redis://127.0.0.1:99999/0"], "store.url: Redis URL"),
+    (["--pubsub.driver", "bogus://x"], "pubsub.driver: unknown pub/sub driver 'bogus'"),
+    (["--pubsub.driver", "zmq+tcp://127.0.0.1:70000"], "pubsub.driver: zmq URL"),
+    (["--pubsub.topics", "bad table!"], "pubsub.topics: topic name 'bad table!'"),
+]
+
+
+def run(argv, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
+
+
+@pytest.mark.parametrize("name", STORE_USERS)
+def test_a_missing_store_is_refused_and_not_created(tmp_path, name):
+    missing = tmp_path / "typo" / "nb.sqlite"
+    out = run([exe(name), *daemon_args(name, tmp_path, f"sqlite:///{missing}"), "--log.format", "json"])
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{name}: no database at {missing}") and "df-db init" in last, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not missing.parent.exists(), "the daemon created the store's folder"
+
+
+@pytest.mark.parametrize("name", STORE_USERS)
+def test_store_create_setting_creates_it(tmp_path, name):
+    path = tmp_path / "new" / "nb.sqlite"
+    d = DaemonProcess(name, daemon_args(name, tmp_path, f"sqlite:///{path}") + ["--store.create", "true"])
+    try:
+        d.wait_status("/readyz", 200)
+        assert path.exists()
+        assert d.terminate() == 0
+    finally:
+        d.kill()
+
+
+def test_df_db_init_creates_the_store_daemons_then_open(tmp_path):
+    path = tmp_path / "nb.sqlite"
+    url = f"sqlite:///{path}"
+    init = run([exe("df-db"), "--store", url, "-o", "json", "init"])
+    assert init.returncode == 0, init.stderr
+    assert json.loads(init.stdout)["backend"] == "sqlite"
+    d = DaemonProcess("df-controller", daemon_args("df-controller", tmp_path, url))
+    try:
+        d.wait_status("/readyz", 200)
+        assert d.terminate() == 0
+    finally:
+        d.kill()
+
+
+@pytest.mark.parametrize("flags,message", BAD_SETTINGS, ids=[" ".join(f) for f, _ in BAD_SETTINGS])
+def test_df_config_check_refuses_what_every_daemon_refuses(tmp_path, flags, message):
+    store = tmp_path / "nb.sqlite"
+    open_store(f"sqlite:///{store}", ["port"]).close()
+    checked = run([exe("df-config"), "check", *flags])
+    assert checked.returncode == 2 and message in checked.stderr, checked.stderr
+    refusal = checked.stderr.strip().split(": ", 1)[1]
+    for name in DAEMONS:
+        args = daemon_args(name, tmp_path, f"sqlite:///{store}")
+        if name == "df-publisher-service" and flags[0] == "--store.url":
+            env = {**os.environ, "DFPUBSUB_STORE__URL": flags[1]}  # the shared file's value: refused all the same
+            out = run([exe(name), *args], env=env)
+        else:
+            out = run([exe(name), *args, *flags])
+        assert out.returncode == 2, (name, out.stderr)
+        assert out.stderr.strip().splitlines()[-1] == f"{name}: {refusal}", (name, out.stderr)
+
+
+def test_df_config_check_passes_a_good_configuration(tmp_path):
+    out = run([exe("df-config"), "check", "--store.url", "etcd://10.0.0.1:2379,10.0.0.2:2379",
+               "--pubsub.driver", "zmq+tcp://0.0.0.0:8866"])
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["store"]["url"] == "etcd://10.0.0.1:2379,10.0.0.2:2379"
+
+
+def test_an_unreachable_store_is_retried_while_readyz_says_why(tmp_path, etcd_server):
+    """etcd down at start: the daemon waits (it does not exit, nor invent anything), /readyz names
+    the store, /livez passes; once etcd is up it syncs and turns ready."""
+    url = etcd_server.url
+    etcd_server.kill()
+    d = DaemonProcess("df-feed", daemon_args("df-feed", tmp_path, url))
+    try:
+        body = d.wait_status("/readyz", 503)
+        wait_for(lambda: "store failed: unreachable" in d.get("/readyz")[1], what="readyz to name the store")
+        assert d.get("/livez")[0] == 200
+        assert d.proc.poll() is None
+        etcd_server.restart()
+        d.wait_status("/readyz", 200, what="df-feed to turn ready once etcd is back")
+        assert d.terminate() == 0
+        assert "synced" in body
+    finally:
+        d.kill()
