@@ -3,12 +3,14 @@
 The moments fall anywhere from the probes' first answer to a few seconds of work: during the first
 sync, while df-feed publishes a batch and the controller reconciles what a writer keeps changing,
 while df-notify holds shards and retries deliveries to an endpoint that refuses them, while a
-store is down (etcd killed just before the signal in a fifth of the tries, restarted after). ``DFPUBSUB_SIGTERM_TRIES`` sets the tries per daemon (default 50)."""
+store is down (etcd killed before the signals in a fifth of the rounds, restarted after). Five
+daemons run side by side in each round, each signalled at its own moment. ``DFPUBSUB_SIGTERM_TRIES`` sets the tries per daemon (default 50)."""
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 import time
 
@@ -23,6 +25,8 @@ from tests.functional.daemon_helpers import DAEMONS, DaemonProcess, daemon_args,
 from tests.functional.notify_helpers import enqueue, make_topic
 
 TRIES = int(os.environ.get("DFPUBSUB_SIGTERM_TRIES", "50"))
+#: Daemons started and signalled at once, each at its own moment: a fifth of the wall time.
+WIDTH = 5
 ON_ETCD = ("df-controller", "df-feed", "df-notify")
 
 
@@ -71,24 +75,35 @@ def test_sigterm_at_random_moments_exits_0_within_5_s(tmp_path, etcd_server, nam
         queues.close()
     outcomes = []
     try:
-        for attempt in range(TRIES):
-            work = tmp_path / f"try{attempt}"
-            work.mkdir()
-            d = DaemonProcess(name, daemon_args(name, work, url))
+        for first in range(0, TRIES, WIDTH):
+            attempts = range(first, min(first + WIDTH, TRIES))
+            ds = []
+            for attempt in attempts:
+                work = tmp_path / f"try{attempt}"
+                work.mkdir()
+                ds.append(DaemonProcess(name, daemon_args(name, work, url)))
             killed = False
             try:
-                wait_for(lambda: http_get(d.port, "/livez", timeout=1)[0] in (200, 503), timeout=30,
-                         interval=0.02, what=f"{name} to serve its probes")
-                time.sleep(rng.uniform(0, 1.5))  # the random moment
+                for d in ds:
+                    wait_for(lambda d=d: http_get(d.port, "/livez", timeout=1)[0] in (200, 503), timeout=30,
+                             interval=0.02, what=f"{name} to serve its probes")
+                base = time.monotonic()
                 if name in ON_ETCD and rng.random() < 0.2:
+                    time.sleep(rng.uniform(0, 1.5))
                     etcd_server.kill()
                     killed = True
-                started = time.monotonic()
-                status = d.terminate(timeout=5.0)
-                outcomes.append((attempt, killed, round(time.monotonic() - started, 2), status))
-                assert status == 0, f"{name} exited {status} on try {attempt}; stderr:\n" + "".join(d.lines[-20:])
+                signalled = []
+                for moment, d in sorted(((rng.uniform(0, 1.5), d) for d in ds), key=lambda m: m[0]):
+                    time.sleep(max(0.0, base + moment - time.monotonic()))  # its random moment
+                    d.proc.send_signal(signal.SIGTERM)
+                    signalled.append((time.monotonic(), d))
+                for (started, d), attempt in zip(signalled, attempts):
+                    status = d.wait_exit(deadline=started + 5.0)
+                    outcomes.append((attempt, killed, round(time.monotonic() - started, 2), status))
+                    assert status == 0, f"{name} exited {status} on try {attempt}; stderr:\n" + "".join(d.lines[-20:])
             finally:
-                d.kill()
+                for d in ds:
+                    d.kill()
                 if killed:
                     etcd_server.restart()
     finally:

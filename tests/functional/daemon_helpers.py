@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -97,6 +98,14 @@ class DaemonProcess:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{self.name} did not exit within {timeout} s of SIGTERM; stderr:\n"
+                                 + "".join(self.lines[-30:])) from None
+
+    def wait_exit(self, deadline: float) -> int:
+        """Its exit status, by ``deadline`` (time.monotonic()) or the test fails."""
+        try:
+            return self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not exit in time after SIGTERM; stderr:\n"
                                  + "".join(self.lines[-30:])) from None
 
     def kill(self) -> None:
