@@ -10,6 +10,7 @@ from ._version import __version__ as __version__
 from .config import Settings, load_settings
 from .controller.cache import Change, VersionedCache
 from .controller.reconciler import DONE, REQUEUE, ObjectKey, Reconciler, Result, TableHandler
+from .controller.relist import Relisted, relist
 from .controller.runtime import Controller, ControllerOptions, FailedKey
 from .errors import (
     AlreadyExists,
@@ -52,6 +53,7 @@ __all__ = [
     "ObjectKey",
     "REQUEUE",
     "Reconciler",
+    "Relisted",
     "Result",
     "InvalidValue",
     "NbApi",
@@ -98,4 +100,5 @@ __all__ = [
     "create_subscriber",
     "load_driver",
     "load_settings",
+    "relist",
 ]

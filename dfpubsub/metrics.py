@@ -47,6 +47,7 @@ COUNTERS: dict[str, str] = {
     "reopens": "Sockets a ZeroMQ subscriber replaced to drop an endpoint (libzmq's disconnect can abort mid-message).",
     "background_errors": "Unexpected errors a background thread survived (logged with their traceback).",
     "subscribers_joined": "Subscribers a publisher saw join (where the transport tells).",
+    "peers_cut": "Subscribers a ZeroMQ publisher cut off, by reason (flood: sent more than its budget; stalled: read nothing).",
     "events_archived": "Events written to the event log (df-archiver).",
     "segments_published": "Parquet segments published to the event log.",
     "segment_bytes": "Bytes of the Parquet segments published.",

@@ -15,6 +15,7 @@ from .cache import Change, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import DONE, REQUEUE, HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
+from .relist import Relisted, relist
 from .replay import Replayed, TooFarBehind
 from .runtime import Bootstrap, Controller, ControllerOptions, FailedKey, Repair
 from .status import StatusWriter, read_status, write_status
@@ -22,5 +23,5 @@ from .workqueue import WorkQueue
 
 __all__ = ["Bootstrap", "Change", "Controller", "ControllerOptions", "DONE", "ExponentialBackoff", "FailedKey",
            "HandlerReconciler", "IndexFunc", "Indexer", "Lister", "ObjectKey", "REQUEUE", "RateLimiter",
-           "Reconciler", "Repair", "Replayed", "Result", "TooFarBehind", "StatusWriter", "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue",
-           "read_status", "write_status"]
+           "Reconciler", "Relisted", "Repair", "Replayed", "Result", "TooFarBehind", "StatusWriter", "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue",
+           "read_status", "relist", "write_status"]

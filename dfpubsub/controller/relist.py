@@ -58,7 +58,14 @@ def _gc_paused() -> Iterator[None]:
 
 
 def relist(store: Store, cache: VersionedCache, topics: set[str]) -> Relisted:
-    """Make ``cache`` equal to ``store`` for ``topics``."""
+    """Make ``cache`` equal to ``store`` for ``topics``: the resync a plain :class:`Subscriber`'s
+    ``on_resync`` should run (a :class:`Controller` runs it for you where a replay cannot serve).
+
+    Truth wins: the listing comes with the store revision it reflects and the relist begins
+    (:meth:`VersionedCache.begin_relist`) before it is read, so only a cached version provably
+    newer than the listing survives; any other, a forged 2^64-1 included, becomes the store's.
+    Returns the changes the cache had missed (to hand to whatever acts on them).
+    """
     with _gc_paused():
         cache.begin_relist()
         if len(cache):

@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..endpoints import Endpoint
-from ..errors import EndpointError, EndpointRejected, NotificationDecodeError
+from ..errors import EndpointError, EndpointRejected, ForeignRecord, NotificationDecodeError
 from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..queues import QueueEntry, QueueStore
@@ -202,7 +202,12 @@ class ShardRound:
     async def _stored_attempts(self, items: list[_Item]) -> int:
         """Failed attempts already spent on the head of ``items`` (by this owner or an earlier one)."""
         if self._created is None:
-            self._created = (await self._queue(self.queues.queue_info)).created_at
+            try:
+                self._created = (await self._queue(self.queues.queue_info)).created_at
+            except ForeignRecord:
+                # Another writer overwrote the queue's limits (counted, named): delivering needs
+                # none of them, and the retry counts are then tied to no incarnation in particular.
+                self._created = 0.0
             blob = await asyncio.to_thread(self.queues.get_record, ATTEMPTS_KIND, self.name)
             self._attempts = _parse_attempts(blob)
         stored = self._attempts

@@ -71,13 +71,29 @@ def _unpack(blob: bytes) -> Any:
     return msgpack.unpackb(blob, raw=False)
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _state(blob: bytes) -> State:
-    """A queue's state as stored; a decoding error for anything else (see readback.queue_meta)."""
+    """A queue's state as stored; a decoding error for anything else (see readback.queue_meta).
+
+    Its limits are not checked here: what the queue holds can be listed and delivered without
+    them. A write, or a reader of the limits, checks them (:func:`_limits`)."""
     state = _unpack(blob)
     if (not isinstance(state, list) or len(state) != _RES + 1 or not isinstance(state[_RES], dict)
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in state[:_RES])):
+            or not all(_number(v) for v in state[_CREATED:_RES])
+            or not all(isinstance(r, list) and len(r) == 2 and _number(r[0]) and _number(r[1])
+                       for r in state[_RES].values())):
         raise TypeError("a queue state is [max_bytes, max_entries, stale_after, created_at, seq, entries, "
                         "bytes, {reservations}]")
+    return state
+
+
+def _limits(state: State) -> State:
+    """``state`` if its limits are numbers; a decoding error otherwise (see readback.queue_meta)."""
+    if not all(_number(v) for v in state[:_CREATED]):
+        raise TypeError("the queue's limits (max_bytes, max_entries, stale_after) are not numbers")
     return state
 
 
@@ -197,7 +213,7 @@ class EtcdQueues(QueueStore):
                     if not kvs:
                         self._forget(name)
                         raise QueueNotFound(f"no queue {name!r}")
-                    cached, fresh = (kvs[0].mod_revision, _unpack(kvs[0].value)), True
+                    cached, fresh = (kvs[0].mod_revision, queue_meta(kvs[0].key, _state, kvs[0].value)), True
                     self._remember(name, *cached)
                     continue
                 self._remember(name, resp.header.revision, new)
@@ -239,13 +255,19 @@ class EtcdQueues(QueueStore):
 
     def _queue_info(self, name: str) -> QueueInfo:
         (_, s), _ = self._read(name)
+        s = self._limited(name, s)
         return QueueInfo(name, s[_MAX_BYTES], s[_MAX_ENTRIES], s[_STALE], s[_CREATED])
+
+    def _limited(self, name: str, state: State) -> State:
+        """``state``, whose limits a write or a reader needs: ForeignRecord (counted) when another
+        writer left them as something else than numbers (a write could not be bounded)."""
+        return queue_meta(self._state_key(name), _limits, state)
 
     # -- writers ------------------------------------------------------------------------------------
 
     def _reserve_many(self, name: str, sizes: list[int], now: float) -> list[str]:
         def fn(state: State) -> tuple[State, list[Any], list[str]]:
-            new = _live(state, now)
+            new = _live(self._limited(name, state), now)
             res = new[_RES]
             if not _fits(new, sizes):
                 raise QueueFull(name, f"no room for {len(sizes)} reservation(s) of {sum(sizes)} bytes")
@@ -276,7 +298,7 @@ class EtcdQueues(QueueStore):
             for res_id, data in items:
                 size = res.pop(res_id)[0]
                 used += len(data) - size  # a smaller entry frees room for a larger one after it
-                if len(data) > size and used > new[_MAX_BYTES]:
+                if len(data) > size and used > self._limited(name, new)[_MAX_BYTES]:
                     raise QueueFull(name, f"an entry of {len(data)} bytes does not fit in its reservation of "
                                           f"{size} bytes nor in the free room")
                 new[_SEQ] += 1
@@ -369,7 +391,7 @@ class EtcdQueues(QueueStore):
 
     def _stats(self, name: str, now: float) -> QueueStats:
         (_, state), (lease,) = self._read(name, rpc.RangeRequest(key=self._locks + name.encode()))
-        res = _live(state, now)[_RES]
+        res = _live(self._limited(name, state), now)[_RES]
         held = _lease(lease.kvs[0]) if lease.kvs else None
         return QueueStats(state[_ENTRIES], state[_BYTES], len(res), sum(r[0] for r in res.values()),
                           state[_MAX_BYTES], state[_MAX_ENTRIES],
@@ -443,7 +465,7 @@ class EtcdQueues(QueueStore):
             letter = foreign.decode("queue_dead_letter", kv.key, dead_letter, name, mk, kv.value)
             if letter is None:
                 return None
-            new = _live(state, now)
+            new = _live(self._limited(name, state), now)
             if not _fits(new, [len(letter.data)]):
                 raise QueueFull(name, f"no room to redrive a dead letter of {len(letter.data)} bytes")
             new[_SEQ] += 1

@@ -489,11 +489,23 @@ class RedisQueues(QueueStore):
         c = self._client.get()
         with self._errors("list queues"):
             try:
-                names = cast("set[bytes]", c.r.smembers(self._registry))
+                members = cast("set[bytes]", c.r.smembers(self._registry))
             except redis.ResponseError as exc:  # the registry is not a set: no queue can be found
                 foreign.skip("queue_name", self._registry, "wrong_type", str(exc))
                 return []
-        return queue_names((n, f"{self._registry} member {n!r}") for n in names)
+            names = queue_names((n, f"{self._registry} member {n!r}") for n in members)
+            # A name another writer added has no queue behind it (ours are added and removed with
+            # their metadata, in one script): skipped and counted, so that no reader of the list
+            # fails on it.
+            pipe = c.r.pipeline(transaction=False)
+            for name in names:
+                pipe.exists(self._keys(name, "m")[0])
+            found = pipe.execute() if names else []
+        for name, there in zip(names, found):
+            if not there:
+                foreign.skip("queue_name", f"{self._registry} member {name!r}", "no_queue",
+                             "no queue metadata behind it")
+        return [name for name, there in zip(names, found) if there]
 
     def _queue_info(self, name: str) -> QueueInfo:
         row = self._read_meta(name, f"info {name}", lambda c: c.r.hmget(

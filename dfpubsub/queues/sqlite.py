@@ -97,11 +97,15 @@ CREATE TRIGGER IF NOT EXISTS q_entry_gone AFTER DELETE ON q_entries BEGIN
 END;
 """
 
+# SQLite keeps whatever another writer puts in a column, and a number compares below any text:
+# limits left as text would let every write in. A queue whose limits are not numbers takes none.
+_BOUNDED = "typeof(max_bytes) = 'integer' AND typeof(max_entries) = 'integer' AND typeof(stale_after) IN ('integer', 'real')"
 # Inserts the reservation only if it fits; the trigger counts it.
-_RESERVE = """
+_RESERVE = f"""
 INSERT INTO q_reservations (queue, id, size, expires_at)
 SELECT name, :id, :size, :now + stale_after FROM q_queues
 WHERE name = :name AND bytes + reserved_bytes + :size <= max_bytes AND entries + reservations < max_entries
+  AND {_BOUNDED}
 """
 # Inserts the entry only if the reservation is live and the entry fits (a larger entry
 # needs the difference free); the trigger deletes the reservation and counts the entry.
@@ -110,15 +114,16 @@ INSERT INTO q_entries (queue, seq, res, size, enqueued_at, data)
 SELECT q.name, q.seq + 1, r.id, :size, :now, :data FROM q_queues AS q
 JOIN q_reservations AS r ON r.queue = q.name AND r.id = :id
 WHERE q.name = :name AND r.expires_at >= :now
-  AND (:size <= r.size OR q.bytes + q.reserved_bytes - r.size + :size <= q.max_bytes)
+  AND (:size <= r.size OR (typeof(q.max_bytes) = 'integer' AND q.bytes + q.reserved_bytes - r.size + :size <= q.max_bytes))
 RETURNING seq
 """
 _COMMIT_MANY = _COMMIT.replace("RETURNING seq", "")
 # An outbox's entry: no reservation, the bounds checked by the insert itself.
-_APPEND = """
+_APPEND = f"""
 INSERT INTO q_entries (queue, seq, res, size, enqueued_at, data)
 SELECT name, seq + 1, '', :size, :now, :data FROM q_queues
 WHERE name = :name AND bytes + reserved_bytes + :size <= max_bytes AND entries + reservations < max_entries
+  AND {_BOUNDED}
 """
 _SWEEP = "DELETE FROM q_reservations WHERE queue = ? AND expires_at < ?"
 _QUEUE = "SELECT max_bytes, max_entries, stale_after, created_at FROM q_queues WHERE name = ?"
@@ -166,6 +171,14 @@ def _time(value: object) -> float:
 
 def _info(name: str, max_bytes: object, max_entries: object, stale_after: object, created_at: object) -> QueueInfo:
     return QueueInfo(name, _count(max_bytes), _count(max_entries), _time(stale_after), _time(created_at))
+
+
+def _check_bounds(conn: sqlite3.Connection, name: str) -> None:
+    """After a write its bounds refused: ForeignRecord (counted) if they are another writer's, not
+    numbers (else the refusal was for want of room); nothing if the queue does not exist."""
+    row = conn.execute(_QUEUE, (name,)).fetchone()
+    if row is not None:
+        queue_meta(f"q_queues row {name!r}", _info, name, *row)
 
 
 def _stats_of(row: Row, now: float) -> QueueStats:
@@ -226,6 +239,7 @@ class _Outbox(SqliteOutbox):
             if conn.execute("SELECT 1 FROM q_queues WHERE name = ?", (name,)).fetchone() is None:
                 self.skipped += 1
                 continue
+            _check_bounds(conn, name)
             raise QueueFull(name, f"no room for an entry of {len(data)} bytes")
 
 
@@ -333,6 +347,7 @@ class SqliteQueues(QueueStore):
             if row is None:
                 raise QueueNotFound(f"no queue {name!r}")
             queue_meta(f"q_queues row {name!r}", _stats_of, row, now)  # a foreign bound refuses: say so
+            _check_bounds(conn, name)
             raise QueueFull(name, "{} entries of {} bytes and {} reservations of {} bytes: no room for {} more "
                                   "of {} bytes within {} bytes and {} entries".format(
                                       *row[:4], len(rows), sum(r["size"] for r in rows), *row[4:6]))
@@ -392,6 +407,7 @@ class SqliteQueues(QueueStore):
         if res is None:
             return self._missing(conn, name) or ReservationNotFound(
                 f"queue {name}: reservation {args['id']!r} is unknown (committed, aborted, expired or never made)")
+        _check_bounds(conn, name)
         return QueueFull(name, f"an entry of {args['size']} bytes does not fit in its reservation of {res[0]} "
                                "bytes nor in the free room")
 
@@ -532,6 +548,7 @@ class SqliteQueues(QueueStore):
             conn.execute(_SWEEP, (name, now))
             got = conn.execute(_APPEND + " RETURNING seq", args).fetchall()
             if not got:
+                _check_bounds(conn, name)
                 raise QueueFull(name, f"no room to redrive a dead letter of {len(row[0])} bytes")
             conn.execute("DELETE FROM q_dead_letters WHERE queue = ? AND marker = ?", (name, mk))
             return marker(got[0][0])

@@ -70,24 +70,23 @@ def _exists(key: bytes, expected: int | None = None) -> list[rpc.Compare]:
 
 
 def _topic_of(kvs: Any, table: str) -> str:
-    """The topic in a read (or deleted) topic key: the table's name if there is none."""
-    return kvs[0].value.decode() if kvs else table
-
-
-def _written_topic(kvs: Any, table: str) -> str:
-    """The topic of an object a write has changed: the write stands, so a foreign topic key
-    is skipped (counted, named) and the event goes out under the table's own topic."""
-    topic = foreign.decode("store_topic", kvs[0].key if kvs else b"", _topic_of, kvs, table)
+    """The topic in a read (or deleted) topic key: the table's name if there is none, or if
+    the key is foreign (not UTF-8; skipped, counted, named). The object itself is valid: it is
+    listed, read and published under its table's own topic, by every reader and writer alike."""
+    if not kvs:
+        return table
+    topic = foreign.decode("store_topic", kvs[0].key, bytes.decode, kvs[0].value)
     return table if topic is None else topic
 
 
 def _object(topic_kvs: Any, table: str, key: str, kv: Any) -> VersionedObject | None:
-    """The object of a value key ``kv`` and its topic key's read, or None (skipped) if either is foreign."""
+    """The object of a value key ``kv`` and its topic key's read, or None (skipped) if its value is foreign."""
     try:
-        return VersionedObject(_topic_of(topic_kvs, table), table, key, kv.mod_revision, decode_value(kv.value))
+        value = decode_value(kv.value)
     except foreign.DECODE_ERRORS as exc:
         foreign.skip_error("store_object", kv.key, exc)
         return None
+    return VersionedObject(_topic_of(topic_kvs, table), table, key, kv.mod_revision, value)
 
 
 def _set_topic(table: str, topic_path: bytes, topic: str) -> Any:
@@ -194,7 +193,7 @@ class EtcdStore(Store):
         named: dict[bytes, str | None] = {}
         for kvs in topic_pages:
             for kv in kvs:
-                # None: a topic key that is not UTF-8, whose object cannot be placed in any topic.
+                # None: a topic key that is not UTF-8; its object goes under its table's topic.
                 named[kv.key[skip:]] = foreign.decode("store_topic", kv.key, bytes.decode, kv.value)
         return pages, named, revision
 
@@ -215,8 +214,8 @@ class EtcdStore(Store):
                     continue
                 if tbl not in tables:
                     continue
-                topic = named.get(name, tbl) if named else tbl
-                if topic is not None and (topics is None or topic in topics):
+                topic = (named.get(name) or tbl) if named else tbl
+                if topics is None or topic in topics:
                     out.append((topic, tbl, key, kv))
         return out, revision
 
@@ -282,7 +281,7 @@ class EtcdStore(Store):
         if not response.succeeded:
             self._refused(table, key, expected, response)
         if topic is None:
-            topic = _written_topic(response.responses[1].response_range.kvs, table)
+            topic = _topic_of(response.responses[1].response_range.kvs, table)
         return VersionedObject(topic, table, key, response.header.revision, value)
 
     def _delete(self, table: str, key: str, expected: int | None, outbox: Outbox | None) -> VersionedObject:
@@ -293,7 +292,7 @@ class EtcdStore(Store):
             [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
-        topic = _written_topic(response.responses[1].response_delete_range.prev_kvs, table)
+        topic = _topic_of(response.responses[1].response_delete_range.prev_kvs, table)
         return VersionedObject(topic, table, key, response.header.revision, None)
 
     @staticmethod

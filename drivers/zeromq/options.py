@@ -38,6 +38,16 @@ class ZmqOptions(BaseModel):
     max_subscriptions: int = Field(
         10_000, ge=1, description="Publisher: distinct topics it takes subscriptions to beyond those it has sent "
                                   "on (a subscription flood costs bounded memory; docs/security.md).")
+    max_peer_bytes: int = Field(
+        256 * 1024, ge=1024, description="Publisher: bytes one tcp subscriber may send (its subscriptions, which "
+                                         "libzmq keeps at ~45 bytes of memory a byte until it leaves) beyond "
+                                         "peer_bytes_per_second; then it is cut off (docs/security.md).")
+    peer_bytes_per_second: float = Field(
+        128.0, ge=0, description="Publisher: bytes a second of connection a tcp subscriber may send on top of "
+                                 "max_peer_bytes (ZMTP heartbeats).")
+    peer_stall_timeout: float = Field(
+        10.0, ge=0, description="Publisher: cut off a tcp subscriber that acknowledged nothing this long while "
+                                "data waits for it, seconds (0: never; what waits is bounded by sndhwm).")
     ipc_mode: int = Field(0o660, ge=0, le=0o777, description="Permissions of a bound ipc socket file.",
                           json_schema_extra={"octal": True})
     curve_secret_key: str | None = Field(None, description="Publisher: Z85 CURVE secret key; enables encryption.")

@@ -12,6 +12,7 @@ from dfpubsub.transport import PublisherTransport
 from .curve import AllowedKeys, load_secret_key, serve, unguard
 from .ipc import bind, unlink_ipc
 from .options import ZmqOptions, common_options
+from .peers import PeerBudget, PeerGuard
 from .subscriptions import Subscriptions
 
 __all__ = ["ZmqPublisher"]
@@ -19,7 +20,7 @@ __all__ = ["ZmqPublisher"]
 
 class ZmqPublisher(PublisherTransport):
     """A bound XPUB socket in manual mode; reading it applies subscriptions (subscriptions.py)
-    and tells when subscribers join."""
+    and tells when subscribers join; its peers are held to a budget (peers.py)."""
 
     def __init__(self, url: str, opts: ZmqOptions, stats: Stats):
         self.stats = stats
@@ -30,6 +31,11 @@ class ZmqPublisher(PublisherTransport):
             self.sock.setsockopt(zmq.SNDHWM, opts.sndhwm)
             self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
             self.sock.setsockopt(zmq.XPUB_MANUAL, 1)
+            # Two messages waiting per peer: each call into libzmq then takes at most two
+            # subscriptions from each into its trie, and the peers' budget is checked between
+            # (peers.py). With one, a CURVE peer's subscriptions never came through (libzmq
+            # queues its credential ahead of them).
+            self.sock.setsockopt(zmq.RCVHWM, 2)
             secret = load_secret_key(opts.curve_secret_key_file) if opts.curve_secret_key_file \
                 else opts.curve_secret_key
             #: The CURVE public key (Z85) subscribers pin; discovery rows carry it.
@@ -43,7 +49,10 @@ class ZmqPublisher(PublisherTransport):
             raise TransportError(f"cannot set up the publisher socket: {exc}") from exc
         self._subscriptions = Subscriptions(self.sock, stats, opts.max_subscriptions)
         self._joined = 0
+        self._peers = PeerGuard(PeerBudget(opts.max_peer_bytes, opts.peer_bytes_per_second, opts.peer_stall_timeout),
+                                stats)
         self._uri = bind(self.sock, url, opts.ipc_mode)
+        self._peers.bound(self._uri)
 
     @property
     def uri(self) -> str:
@@ -77,17 +86,20 @@ class ZmqPublisher(PublisherTransport):
     def new_subscribers(self) -> int:
         try:
             self._take_subscriptions()
+            self._peers.poll()
         except zmq.ZMQError as exc:
             raise TransportError(f"zmq recv failed: {exc}") from exc
+        # However many joined since the last poll (a flood of them included), one welcome hello.
         joined, self._joined = self._joined, 0
         return joined
 
     def _take_subscriptions(self) -> None:
         """Apply the (un)subscriptions waiting on the socket; count the subscribers that joined."""
-        take = self._subscriptions.take
+        take, read = self._subscriptions.take, self._peers.read
         try:
             while True:
                 self._joined += take(self.sock.recv(zmq.NOBLOCK))
+                read(1)
         except zmq.Again:
             pass
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from dfpubsub.errors import ForeignRecord, NotificationDecodeError
+from dfpubsub.errors import ForeignRecord, NotificationDecodeError, QueueNotFound
 from dfpubsub.notify.notification import decode
 
 from .context import state
@@ -45,7 +45,7 @@ def list_(ctx: typer.Context) -> None:
     """Every queue with its limits: max bytes and entries, reservation expiry, creation time."""
     st = state(ctx)
     with st.open_queues() as store:
-        infos = [info for _, info in _each(store.list_queues(), store.queue_info)]
+        infos = [info for _, info in _each(store.list_queues(), store.queue_info, listed=True)]
     st.out.rows([{"queue": i.name, "max_bytes": i.max_bytes, "max_entries": i.max_entries,
                   "stale_after": i.stale_after, "created_at": i.created_at} for i in infos], [
         Column("queue", "queue"), Column("max bytes", "max_bytes", justify="right"),
@@ -59,18 +59,22 @@ def _read_stats(ctx: typer.Context, queues: list[str] | None) -> list[dict[str, 
     with st.open_queues() as store:
         names = queues or store.list_queues()
         now = store.clock()
-        return [{"queue": name, **s._asdict(), "now": now} for name, s in _each(names, store.stats)]
+        return [{"queue": name, **s._asdict(), "now": now} for name, s in _each(names, store.stats, not queues)]
 
 
-def _each(names: list[str], read: Callable[[str], T]) -> list[tuple[str, T]]:
+def _each(names: list[str], read: Callable[[str], T], listed: bool) -> list[tuple[str, T]]:
     """``(name, read(name))`` for each queue; one whose metadata is foreign (counted, and shown
-    in the output's skipped footer) is left out."""
+    in the output's skipped footer) is left out, and so is a ``listed`` one deleted since (a
+    queue the user named that does not exist is an error)."""
     out = []
     for name in names:
         try:
             out.append((name, read(name)))
         except ForeignRecord:
             continue
+        except QueueNotFound:
+            if not listed:
+                raise
     return out
 
 
