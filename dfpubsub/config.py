@@ -201,6 +201,10 @@ class ControllerSettings(_Section):
         60.0, ge=0, description="Seconds without a repair after which a replay moves the cache's feed position on, "
         "keeping it within the feed's history (0: never; then a repair after the history is gone relists).",
     )
+    decoded_cache: int = Field(
+        4096, ge=0, le=1 << 22, description="Objects the cache keeps decoded besides packed: the last ones written, "
+        "which reconcilers read next (0: decode every read).",
+    )
     status_file: str = Field("", description="File rewritten with synced, queue depth and the failed set, for "
                                              "df-db controller-status (empty: none).")
     status_interval: float = Field(5.0, gt=0, description="Seconds between rewrites of status_file.")

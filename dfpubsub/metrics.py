@@ -110,10 +110,17 @@ GAUGES: dict[str, str] = {
     "synced": "1 once a daemon did its first sync (controller: cache listed and reconciled; df-feed: caught up "
               "with the feed; df-notify: queues walked).",
     "ready": "1 while every readiness check of a daemon passes (/readyz answers 200).",
+    "cache_objects": "Objects in a controller's cache, per table.",
+    "cache_bytes": "Bytes of the packed values and keys in a controller's cache, per table (the containers "
+                   "around them cost ~90 bytes more an object).",
+    "cache_tombstones": "Tombstones (deleted objects remembered for the tombstone horizon) in a controller's cache, "
+                        "per table.",
+    "cache_transform_errors": "Values a controller's cache transform raised on, cached whole.",
 }
 
 _SUBSCRIBER = ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled", "streams_rebased",
-               "resync_requests", "resyncs", "resync_failures", "decode_errors", "drops", "handler_errors")
+               "streams_restarted", "strings_clamped", "resync_requests", "resyncs", "resync_failures",
+               "decode_errors", "drops", "handler_errors")
 _PUBLISHER = ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops", "subscribers_joined")
 _RELAY = ("envelopes_in", "envelopes_out", "envelopes_relayed", "drops", "decode_errors", "hellos_out",
           "workers_seen", "workers_forgotten", "subscribers_joined")
@@ -182,13 +189,15 @@ class Histogram:
 class Stats:
     """Named counters of one component, optionally split by a ``reason`` label."""
 
-    __slots__ = ("role", "name", "counts", "levels", "histograms", "__weakref__")
+    __slots__ = ("role", "name", "counts", "levels", "labelled", "histograms", "__weakref__")
 
     def __init__(self, role: str, name: str):
         self.role = role
         self.name = name
         self.counts: dict[tuple[str, str], int] = {}
         self.levels: dict[str, float | Callable[[], float]] = {}
+        #: gauge -> (its label, a callable of label value -> value)
+        self.labelled: dict[str, tuple[str, Callable[[], dict[str, float]]]] = {}
         self.histograms: dict[str, Histogram] = {}
         self.seed(*ROLE_COUNTERS.get(role, ()))
         _live.add(self)
@@ -201,6 +210,16 @@ class Stats:
     def set(self, gauge: str, value: float | Callable[[], float]) -> None:
         """Set a gauge (exported as ``dfpubsub_<gauge>``); a callable is read at every scrape."""
         self.levels[gauge] = value
+
+    def set_by(self, gauge: str, label: str, values: Callable[[], dict[str, float]]) -> None:
+        """A gauge of several series, one per value of ``label`` (``dfpubsub_<gauge>{<label>=...}``),
+        each scrape reading them all from ``values``."""
+        self.labelled[gauge] = (label, values)
+
+    def levels_by(self, gauge: str) -> dict[str, float]:
+        """The series of a gauge set with :meth:`set_by` now ({} when never set)."""
+        entry = self.labelled.get(gauge)
+        return entry[1]() if entry is not None else {}
 
     def level(self, gauge: str) -> float:
         """Current value of a gauge (0 when never set)."""
@@ -298,6 +317,13 @@ class _Collector:
                     gfam = gauges[gauge] = GaugeMetricFamily(f"dfpubsub_{gauge}", GAUGES.get(gauge, gauge),
                                                              labels=["role", "name"])
                 gfam.add_metric([stats.role, stats.name], stats.level(gauge))
+            for gauge, (label, read) in list(stats.labelled.items()):
+                gfam = gauges.get(gauge)
+                if gfam is None:
+                    gfam = gauges[gauge] = GaugeMetricFamily(f"dfpubsub_{gauge}", GAUGES.get(gauge, gauge),
+                                                             labels=["role", "name", label])
+                for series, level in read().items():
+                    gfam.add_metric([stats.role, stats.name, series], level)
             for name, hist in list(stats.histograms.items()):
                 hfam = hists.get(name)
                 if hfam is None:

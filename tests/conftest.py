@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dfpubsub.store import Store, open_store
 from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer, free_port
 
 __all__ = ["wait_for", "free_port", "undetected"]
@@ -35,6 +36,14 @@ def undetected(delivered, holes, last: int) -> list[int]:
 @pytest.fixture(name="wait_for")
 def _wait_for_fixture() -> Callable[..., None]:
     return wait_for
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    """A SQLite store of tables port and network, in this test's temporary directory."""
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", ["port", "network"])
+    yield store
+    store.close()
 
 
 @pytest.fixture

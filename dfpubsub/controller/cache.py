@@ -2,26 +2,65 @@
 
 An update is applied only if its version is newer than what the cache holds;
 a delete leaves a tombstone carrying its version, so a late create or update
-of an older version cannot bring the object back. Tombstones are purged after
-``tombstone_horizon`` seconds, which must exceed the longest delay a message
-can have (the delay window plus transport buffering).
+of an older version cannot bring the object back. Tombstones are purged once
+``tombstone_horizon`` seconds passed since their deletion (and within a quarter
+more), which must exceed the longest delay a message can have (the delay
+window plus transport buffering).
+
+Memory (tools/bench/cache_memory.py): a controller keeps every object of its
+tables on every host, and most are never read between two changes. So each
+value is kept **packed**, as the msgpack bytes the store writes (the store's
+own bytes where a listing hands them over, :meth:`Store.list_packed_at`), in a
+dict per table of key -> (version, topic, bytes), and decoded on read. What
+was just applied is what reconcilers read next: the last ``decoded`` objects
+written are also kept decoded (a small LRU), so a worker reconciling a change
+does not decode it. Table and topic names are interned (one string per name,
+not one per object); tombstones are dicts per table of key -> version, in
+generations purged whole, so purging costs nothing per tombstone.
+
+A per-table **transform** (client-go's ``SetTransform``) maps each value
+before it is cached, so a controller keeps only the fields it needs; versions,
+not values, decide what is newer, so a transform never makes a resync see a
+change that is not one.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import groupby
+from typing import Any, NamedTuple, cast
+
+import msgpack
 
 from ..events import Action, Event, VersionedObject
+from ..logs import RateLimitedLog
+from ..store.api import decode_value
+from .graves import Graves
 
-__all__ = ["VersionedCache", "Change"]
+__all__ = ["VersionedCache", "Change", "TableUsage", "Transform", "DEFAULT_DECODED"]
+
+log = logging.getLogger(__name__)
 
 # Per event: an enum member's lookup and the named tuple's Python-level __new__ cost more than
 # the rest of an apply's test and store together.
 _DELETE = Action.DELETE
+_CREATE = Action.CREATE
+_UPDATE = Action.UPDATE
 _new = tuple.__new__
+#: The value of packed bytes, as the store decodes them.
+_unpack = decode_value
+
+#: A value -> what the cache keeps of it (the same value, or a smaller one).
+Transform = Callable[[Any], Any]
+#: Objects kept decoded besides their packed form: the last ones written.
+DEFAULT_DECODED = 4096
+
+#: A cached object: (version, topic, the value's msgpack bytes).
+_Record = tuple[int, str, bytes]
 
 
 class Change(NamedTuple):
@@ -39,113 +78,112 @@ class Change(NamedTuple):
     previous: VersionedObject | None = None
 
 
-class VersionedCache:
-    """Objects by (table, key), applying only newer versions. Thread-safe."""
+class TableUsage(NamedTuple):
+    """What one table holds in a cache: live objects, the bytes of their packed values and keys
+    (the payload; the containers around them cost ~90 bytes more an object), and tombstones."""
 
-    def __init__(self, tombstone_horizon: float = 300.0, clock: Callable[[], float] = time.monotonic):
+    objects: int
+    bytes: int
+    tombstones: int
+
+
+class VersionedCache:
+    """Objects by (table, key), applying only newer versions. Thread-safe.
+
+    ``transforms`` maps a table to a :data:`Transform` applied to every value before it is
+    cached; ``decoded`` is how many of the last objects written are also kept decoded.
+    """
+
+    def __init__(self, tombstone_horizon: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
+                 transforms: Mapping[str, Transform] | None = None, decoded: int = DEFAULT_DECODED):
         self.tombstone_horizon = tombstone_horizon
         self._clock = clock
         self._lock = threading.Lock()
-        self._objects: dict[tuple[str, str], VersionedObject] = {}
-        # (table, key) -> (version, time of deletion)
-        self._tombstones: dict[tuple[str, str], tuple[int, float]] = {}
-        self._next_purge = 0.0
+        #: table -> key -> (version, topic, packed value)
+        self._tables: dict[str, dict[str, _Record]] = {}
+        #: table -> bytes of its packed values and keys
+        self._bytes: dict[str, int] = {}
+        self._names: dict[str, str] = {}  # one string per table and topic name
+        self._graves = Graves(tombstone_horizon)
+        self._transforms = dict(transforms or {})
+        self._decoded_max = max(0, decoded)
+        # Read without the lock (OrderedDict.get is one C call); written under it, always after
+        # the record it mirrors, so a reader sees the old object or the new one.
+        self._decoded: OrderedDict[tuple[str, str], VersionedObject] = OrderedDict()
+        self._pack = msgpack.Packer().pack  # used under the lock only: a Packer is not thread-safe
+        self._badlog = RateLimitedLog(log)
+        #: Values a transform raised on (kept whole: the transform is the user's, the value the truth).
+        self.transform_errors = 0
         #: What events changed since :meth:`begin_relist` (None: no relist under way).
         self._recent: set[tuple[str, str]] | None = None
         #: What events changed since :meth:`take_touched` (None: nobody asks), for a replay to
         #: check against the store's feed.
         self._touched: set[tuple[str, str]] | None = None
 
+    # -- writes ---------------------------------------------------------------------------
+
     def apply(self, event: Event) -> bool:
         """Apply ``event`` if it is newer than the cached state; return whether it was."""
-        ident = (event.table, event.key)
+        table, key, version = event.table, event.key, event.version
         with self._lock:
-            held = self._objects.get(ident)  # _version_locked, inlined on the dispatch thread's hot path
+            rows = self._tables.get(table)
+            held = rows.get(key) if rows is not None else None
             if held is not None:
-                if event.version <= held[3]:
+                if version <= held[0]:
                     return False
-            elif self._tombstones:
-                tomb = self._tombstones.get(ident)
-                if tomb is not None and event.version <= tomb[0]:
+            elif self._graves.gens:
+                tomb = self._graves.get(table, key)
+                if tomb is not None and version <= tomb:
                     return False
+            ident = (table, key)
             if event.action is _DELETE:
-                self._objects.pop(ident, None)
-                self._tombstones[ident] = (event.version, self._clock())
-                self._maybe_purge_locked()
+                if held is not None:
+                    self._drop_locked(rows, table, key, held)  # type: ignore[arg-type]
+                self._graves.add(table, key, version, self._clock())
             else:
-                if self._tombstones:
-                    self._tombstones.pop(ident, None)
-                self._objects[ident] = _new(VersionedObject,
-                                            (event.topic, event.table, event.key, event.version, event.value))
+                # _put_locked, inlined: the dispatch thread's hot path.
+                if self._graves.gens:
+                    self._graves.discard(table, key)
+                value = event.value
+                if self._transforms:
+                    transform = self._transforms.get(table)
+                    if transform is not None:
+                        value = self._transformed(transform, table, key, value)
+                topic = event.topic
+                topic = self._names.get(topic) or self._name(topic)
+                blob = self._pack(value)
+                if rows is None:
+                    rows = self._tables[self._name(table)] = {}
+                    self._bytes[table] = 0
+                rows[key] = (version, topic, blob)
+                self._bytes[table] += len(blob) - (len(held[2]) if held is not None else -len(key))
+                if self._decoded_max:
+                    decoded = self._decoded
+                    if ident in decoded:
+                        del decoded[ident]
+                    decoded[ident] = _new(VersionedObject, (topic, table, key, version, value))
+                    if len(decoded) > self._decoded_max:
+                        decoded.popitem(last=False)
             if self._recent is not None:
                 self._recent.add(ident)
             if self._touched is not None:
                 self._touched.add(ident)
             return True
 
-    def get(self, table: str, key: str) -> VersionedObject | None:
-        """The live object, or None if absent or deleted."""
-        # No lock: one dict lookup is atomic, and reconcilers on worker threads call this for
-        # every key while the dispatch thread applies events under the lock; contending for it
-        # cost a GIL hand-off per key (a third of a queued reconcile, tools/bench/controller.py).
-        return self._objects.get((table, key))
-
-    def lookup(self) -> Callable[[tuple[str, str]], VersionedObject | None]:
-        """A lock-free reader of live objects by ``(table, key)``, valid for the cache's life: for a
-        reader that looks up every key it is handed, such as a controller's workers (no method
-        call nor key tuple to build per key, as :meth:`get` needs)."""
-        return self._objects.get
-
-    def version(self, table: str, key: str) -> int:
-        """Version of the object or its tombstone; 0 when unknown."""
-        with self._lock:
-            return self._version_locked((table, key))
-
-    def items(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
-        """Live objects, optionally of one table and/or one topic."""
-        with self._lock:
-            return [
-                o for o in self._objects.values()
-                if (table is None or o.table == table) and (topic is None or o.topic == topic)
-            ]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._objects)
-
-    def __iter__(self) -> Iterator[VersionedObject]:
-        return iter(self.items())
-
-    def begin_relist(self) -> None:
-        """Note from now on which objects events change, until the next :meth:`reconcile`: the
-        only cached versions a listing read after this call may fail to show."""
-        with self._lock:
-            self._recent = set()
-
-    def diff(self, versions: Iterable[tuple[str, str, str, int]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-        """Split a listing of (topic, table, key, version) into the (table, key) of the objects the
-        cache holds otherwise (to be read) and of those it holds exactly so."""
-        stale: list[tuple[str, str]] = []
-        same: list[tuple[str, str]] = []
-        with self._lock:
-            objects = self._objects
-            for topic, table, key, version in versions:
-                ident = (table, key)
-                obj = objects.get(ident)
-                if obj is None or obj[3] != version or obj[0] != topic:
-                    stale.append(ident)
-                else:
-                    same.append(ident)
-        return stale, same
-
     def reconcile(self, topics: Iterable[str], truth: Iterable[VersionedObject], revision: int | None = None,
-                  same: Iterable[tuple[str, str]] = ()) -> list[Change]:
+                  same: Iterable[tuple[str, str]] = (), blobs: Iterable[bytes] | None = None,
+                  values: bool = True) -> list[Change]:
         """Make the objects of ``topics`` equal to ``truth`` (a full listing of them).
 
         Returns the changes the cache had missed, as an informer's relist does:
         creates and updates for objects that differ in the truth, deletes for
         objects the truth no longer has. ``same`` are more objects of the
         listing, which the cache holds exactly as listed (see :meth:`diff`).
+        ``blobs``, in step with ``truth``, are the values' bytes as the store
+        holds them (:meth:`Store.list_packed_at`): kept as they are, not packed again.
+        ``values=False``: the objects of ``truth`` carry None, the blobs are their values; a
+        first sync then makes creates that carry None too (what a controller whose changes
+        feed no index nor ``on_reconciled`` asks, to never hold every value decoded at once).
 
         Truth wins: ``revision`` is the store revision the listing reflects
         (:meth:`Store.list_at`). A cached version the listing does not show is
@@ -158,75 +196,110 @@ class VersionedCache:
         :meth:`begin_relist` before the listing was read.
         """
         topics = set(topics)
+        truth = truth if isinstance(truth, list) else list(truth)
+        packed: list[bytes | None] = list(blobs) if blobs is not None else [None] * len(truth)
+        if len(packed) != len(truth) or (not values and blobs is None):
+            raise ValueError(f"{len(packed)} blobs for {len(truth)} objects")
         changes: list[Change] = []
         now = self._clock()
         with self._lock:
-            objects, tombstones = self._objects, self._tombstones
             recent, self._recent = self._recent or set(), None
+            graves = self._graves
 
             def kept(version: int, ident: tuple[str, str]) -> bool:
                 """Whether a cached version the listing does not show stays."""
                 return revision is None or (version > revision and ident in recent)
 
-            if revision is not None and not objects and not tombstones:  # a first sync: every object is new
-                truth = truth if isinstance(truth, list) else list(truth)
-                create = Action.CREATE
-                # Built apart, then copied in (a fast copy of a whole table, ~40 ms a million objects):
-                # the dict itself stays, as lookup() hands it to readers that keep it.
-                objects.update({(obj[1], obj[2]): obj for obj in truth})
-                # tuple.__new__ skips the named tuple's Python-level __new__ (see SqliteStore._objects).
-                return [_new(Change, (create, *obj, None)) for obj in truth]
+            if revision is not None and not self._tables and not graves.gens:  # a first sync: every object is new
+                return self._first_sync_locked(truth, packed if blobs is not None else None, values)
             same = same if isinstance(same, (list, tuple, set)) else list(same)
             listed: list[tuple[str, str]] = []  # the idents of truth
             present = len(same)  # listed objects the cache holds after the loop
-            append, note = changes.append, listed.append
-            for obj in truth:  # the hot loop of a resync: 100k objects and more
+            append, note, tables = changes.append, listed.append, self._tables
+            for obj, blob in zip(truth, packed):  # the hot loop of a resync: 100k objects and more
                 topic, table, key, version, value = obj
                 ident = (table, key)
                 note(ident)
-                previous = objects.get(ident)
-                if previous is not None:
+                rows = tables.get(table)
+                held = rows.get(key) if rows is not None else None
+                if held is not None:
                     present += 1
-                    if version == previous.version or (version < previous.version and kept(previous.version, ident)):
+                    if version == held[0] or (version < held[0] and kept(held[0], ident)):
                         continue
-                    append(Change(Action.UPDATE, topic, table, key, version, value, previous))
+                    previous: VersionedObject | None = self._object(table, key, held)
                 else:
-                    if tombstones:
-                        tomb = tombstones.get(ident)
+                    if graves.gens:
+                        tomb = graves.get(table, key)
                         if tomb is not None:
-                            if version <= tomb[0] and kept(tomb[0], ident):
+                            if version <= tomb and kept(tomb, ident):
                                 continue
-                            del tombstones[ident]
+                            graves.discard(table, key)
                     present += 1
-                    append(Change(Action.CREATE, topic, table, key, version, value, None))
-                objects[ident] = obj
-            if revision is not None and present == len(objects):
+                    previous = None
+                if not values:
+                    obj = _new(VersionedObject, (topic, table, key, version, _unpack(blob)))  # type: ignore[arg-type]
+                    value = obj[4]
+                obj = self._cached(obj)
+                if obj[4] is not value:
+                    blob = None  # transformed: the store's bytes are not what is kept
+                self._put_locked(obj, blob, held)
+                append(_new(Change, (_CREATE if held is None else _UPDATE, *obj, previous)))
+            if revision is not None and present == len(self):
                 # A store's listing names each object once: every cached object is listed, none
                 # is to be deleted, and the pass over all of them can be left out.
                 return changes
             seen = set(same)
             seen.update(listed)
-            for ident, obj in list(objects.items()):
-                if obj.topic in topics and ident not in seen:
-                    if revision is not None and kept(obj.version, ident):
-                        continue  # created after the listing was read
-                    del objects[ident]
-                    # The deletion's own version is unknown; the object's marks a floor, and the
-                    # listing's revision bounds it (a forged version must not block later writes).
-                    floor = obj.version if revision is None else min(obj.version, revision)
-                    tombstones[ident] = (floor, now)
-                    changes.append(Change(Action.DELETE, obj.topic, obj.table, obj.key, obj.version, None, obj))
+            for table, rows in list(tables.items()):
+                for key, held in list(rows.items()):
+                    if held[1] in topics and (table, key) not in seen:
+                        if revision is not None and kept(held[0], (table, key)):
+                            continue  # created after the listing was read
+                        obj = self._object(table, key, held)
+                        self._drop_locked(rows, table, key, held)
+                        # The deletion's own version is unknown; the object's marks a floor, and the
+                        # listing's revision bounds it (a forged version must not block later writes).
+                        graves.add(table, key, held[0] if revision is None else min(held[0], revision), now)
+                        changes.append(_new(Change, (_DELETE, *obj[:4], None, obj)))
         return changes
 
-    def take_touched(self) -> set[tuple[str, str]]:
-        """The (table, key) of every object events changed since the last call, and start anew.
+    def _first_sync_locked(self, truth: list[VersionedObject], packed: list[bytes | None] | None,
+                           values: bool) -> list[Change]:
+        """Every object of ``truth`` into an empty cache, and the creates that makes.
 
-        A replay (:mod:`dfpubsub.controller.replay`) checks each against the store's feed: a
-        version no write of the store explains came from a forged or foreign event.
-        """
-        with self._lock:
-            touched, self._touched = self._touched or set(), set()
-            return touched
+        A million objects and more: the records are built by C loops (zip, map) over the
+        listing's columns, table by table, before any Change, so that the Changes, dropped
+        soon after, are not interleaved with what stays (their memory is then reused whole
+        rather than left as holes between records, tools/bench/cache_memory.py)."""
+        if not truth:
+            return []
+        topic_col, table_col, key_col, version_col, value_col = zip(*truth)
+        out_values: list[Any] | None = None  # the values the creates carry, where transformed
+        at = 0
+        for table, run in groupby(table_col):
+            n = len(list(run))
+            keys, topics = key_col[at:at + n], topic_col[at:at + n]
+            blobs: list[bytes | None] | None = None if packed is None else packed[at:at + n]
+            table = self._name(table)
+            names = {t: self._name(t) for t in set(topics)}
+            transform = self._transforms.get(table)
+            if transform is not None:
+                raw = value_col[at:at + n] if values else map(_unpack, blobs)  # type: ignore[arg-type]
+                kept = [self._transformed(transform, table, k, v) for k, v in zip(keys, raw)]
+                blobs = list(map(self._pack, kept))
+                if out_values is None:
+                    out_values = list(value_col)
+                out_values[at:at + n] = kept
+            elif blobs is None:
+                blobs = list(map(self._pack, value_col[at:at + n]))
+            rows = self._tables.setdefault(table, {})
+            rows.update(zip(keys, zip(version_col[at:at + n], map(names.__getitem__, topics),
+                                      cast("list[bytes]", blobs))))
+            self._bytes[table] = self._bytes.get(table, 0) + sum(map(len, blobs)) + sum(map(len, keys))  # type: ignore[arg-type]
+            at += n
+        if out_values is None:
+            return [_new(Change, (_CREATE, *obj, None)) for obj in truth]
+        return [_new(Change, (_CREATE, *obj[:4], value, None)) for obj, value in zip(truth, out_values)]
 
     def correct(self, topics: set[str], objects: Iterable[VersionedObject],
                 deleted: Iterable[tuple[tuple[str, str], int]]) -> list[Change]:
@@ -239,45 +312,189 @@ class VersionedCache:
         changes: list[Change] = []
         now = self._clock()
         with self._lock:
-            held, tombstones = self._objects, self._tombstones
+            tables, graves = self._tables, self._graves
             for obj in objects:
-                ident = (obj[1], obj[2])
-                previous = held.get(ident)
+                table, key = obj[1], obj[2]
+                rows = tables.get(table)
+                held = rows.get(key) if rows is not None else None
+                if held is not None and held[0] == obj[3] and held[1] == obj[0] and obj[0] in topics:
+                    continue  # nothing to decode: the store's version is the one held
+                previous = None if held is None else self._object(table, key, held)
                 if obj[0] not in topics:
-                    if previous is not None:
-                        del held[ident]
-                        tombstones[ident] = (obj[3], now)
-                        changes.append(Change(Action.DELETE, *previous[:4], None, previous))
+                    if held is not None and previous is not None:
+                        self._drop_locked(rows, table, key, held)  # type: ignore[arg-type]
+                        graves.add(table, key, obj[3], now)
+                        changes.append(_new(Change, (_DELETE, *previous[:4], None, previous)))
                     continue
-                if previous is not None and previous[3] == obj[3] and previous[0] == obj[0]:
-                    continue
-                tombstones.pop(ident, None)
-                held[ident] = obj
-                changes.append(Change(Action.CREATE if previous is None else Action.UPDATE, *obj, previous))
-            for ident, version in deleted:
-                previous = held.pop(ident, None)
-                tombstones[ident] = (version, now)
-                if previous is not None:
-                    changes.append(Change(Action.DELETE, *previous[:4], None, previous))
+                graves.discard(table, key)
+                obj = self._cached(obj)
+                self._put_locked(obj, None, held)
+                changes.append(_new(Change, (_CREATE if previous is None else _UPDATE, *obj, previous)))
+            for (table, key), version in deleted:
+                rows = tables.get(table)
+                held = rows.get(key) if rows is not None else None
+                graves.add(table, key, version, now)
+                if held is not None and rows is not None:
+                    previous = self._object(table, key, held)
+                    self._drop_locked(rows, table, key, held)
+                    changes.append(_new(Change, (_DELETE, *previous[:4], None, previous)))
         return changes
 
-    def _version_locked(self, ident: tuple[str, str]) -> int:
-        obj = self._objects.get(ident)
-        if obj is not None:
-            return obj.version
-        tomb = self._tombstones.get(ident)
-        return tomb[0] if tomb is not None else 0
+    def begin_relist(self) -> None:
+        """Note from now on which objects events change, until the next :meth:`reconcile`: the
+        only cached versions a listing read after this call may fail to show."""
+        with self._lock:
+            self._recent = set()
 
-    def _maybe_purge_locked(self) -> None:
-        now = self._clock()
-        if now < self._next_purge:
-            return
-        self._next_purge = now + self.tombstone_horizon / 4
-        limit = now - self.tombstone_horizon
-        for ident in [i for i, (_, t) in self._tombstones.items() if t < limit]:
-            del self._tombstones[ident]
+    def take_touched(self) -> set[tuple[str, str]]:
+        """The (table, key) of every object events changed since the last call, and start anew.
+
+        A replay (:mod:`dfpubsub.controller.replay`) checks each against the store's feed: a
+        version no write of the store explains came from a forged or foreign event.
+        """
+        with self._lock:
+            touched, self._touched = self._touched or set(), set()
+            return touched
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, table: str, key: str) -> VersionedObject | None:
+        """The live object, or None if absent or deleted."""
+        # No lock: a reader takes one dict lookup or two, each atomic, and reconcilers on worker
+        # threads call this for every key while the dispatch thread applies events under the
+        # lock; contending for it cost a GIL hand-off per key (tools/bench/controller.py).
+        return self._read((table, key))
+
+    def _read(self, ident: tuple[str, str]) -> VersionedObject | None:
+        obj = self._decoded.get(ident)
+        if obj is not None:
+            return obj
+        rows = self._tables.get(ident[0])
+        if rows is None:
+            return None
+        held = rows.get(ident[1])
+        if held is None:
+            return None
+        return _new(VersionedObject, (held[1], ident[0], ident[1], held[0], _unpack(held[2])))
+
+    def lookup(self) -> Callable[[tuple[str, str]], VersionedObject | None]:
+        """A lock-free reader of live objects by ``(table, key)``, valid for the cache's life: for a
+        reader that looks up every key it is handed, such as a controller's workers (no key
+        tuple to build per key, as :meth:`get` needs)."""
+        return self._read
+
+    def live_version(self, table: str, key: str) -> int | None:
+        """The version of the live object, or None if absent or deleted: :meth:`get` without
+        decoding the value (lock-free, as :meth:`get`)."""
+        rows = self._tables.get(table)
+        held = rows.get(key) if rows is not None else None
+        return None if held is None else held[0]
+
+    def version(self, table: str, key: str) -> int:
+        """Version of the object or its tombstone; 0 when unknown."""
+        with self._lock:
+            rows = self._tables.get(table)
+            held = rows.get(key) if rows is not None else None
+            if held is not None:
+                return held[0]
+            tomb = self._graves.get(table, key)
+            return tomb if tomb is not None else 0
+
+    def items(self, table: str | None = None, topic: str | None = None) -> list[VersionedObject]:
+        """Live objects, optionally of one table and/or one topic (each decoded: a copy)."""
+        with self._lock:
+            held = [(t, k, h) for t, rows in self._tables.items() if table is None or t == table
+                    for k, h in rows.items() if topic is None or h[1] == topic]
+        return [_new(VersionedObject, (h[1], t, k, h[0], _unpack(h[2]))) for t, k, h in held]
+
+    def keys(self, table: str | None = None) -> list[tuple[str, str]]:
+        """The (table, key) of every live object, optionally of one table, without decoding any."""
+        with self._lock:
+            return [(t, k) for t, rows in self._tables.items() if table is None or t == table for k in rows]
+
+    def diff(self, versions: Iterable[tuple[str, str, str, int]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """Split a listing of (topic, table, key, version) into the (table, key) of the objects the
+        cache holds otherwise (to be read) and of those it holds exactly so."""
+        stale: list[tuple[str, str]] = []
+        same: list[tuple[str, str]] = []
+        empty: dict[str, _Record] = {}
+        with self._lock:
+            tables = self._tables
+            for topic, table, key, version in versions:
+                held = tables.get(table, empty).get(key)
+                if held is None or held[0] != version or held[1] != topic:
+                    stale.append((table, key))
+                else:
+                    same.append((table, key))
+        return stale, same
+
+    def __len__(self) -> int:
+        return sum(len(rows) for rows in list(self._tables.values()))
+
+    def __iter__(self) -> Iterator[VersionedObject]:
+        return iter(self.items())
 
     def tombstones(self) -> int:
         """Number of tombstones held (for metrics and tests)."""
         with self._lock:
-            return len(self._tombstones)
+            return len(self._graves)
+
+    def usage(self) -> dict[str, TableUsage]:
+        """Per table: live objects, the bytes of their packed values and keys, tombstones."""
+        with self._lock:
+            tombs = self._graves.per_table()
+            names = sorted(self._tables.keys() | tombs.keys())
+            return {t: TableUsage(len(self._tables.get(t, ())), self._bytes.get(t, 0), tombs.get(t, 0))
+                    for t in names}
+
+    # -- under the lock -------------------------------------------------------------------
+
+    def _name(self, name: str) -> str:
+        """The one string the cache keeps for a table or topic name."""
+        return self._names.get(name) or self._names.setdefault(name, name)
+
+    def _transformed(self, transform: Transform, table: str, key: str, value: Any) -> Any:
+        try:
+            return transform(value)
+        except Exception as exc:  # user code on the dispatch thread: keep the whole value
+            self.transform_errors += 1
+            self._badlog.warning(table, "transform failed; the whole value is cached", table=table, key=key,
+                                 error=repr(exc))
+            return value
+
+    def _cached(self, obj: VersionedObject) -> VersionedObject:
+        """``obj`` as the cache keeps it: names interned, value transformed."""
+        topic, table, key, version, value = obj
+        transform = self._transforms.get(table)
+        if transform is not None:
+            value = self._transformed(transform, table, key, value)
+        return _new(VersionedObject, (self._name(topic), self._name(table), key, version, value))
+
+    def _put_locked(self, obj: VersionedObject, blob: bytes | None, held: _Record | None) -> None:
+        """Store ``obj`` (as the cache keeps it), replacing ``held``; ``blob``: its value's bytes, if known."""
+        table, key = obj[1], obj[2]
+        if blob is None:
+            blob = self._pack(obj[4])
+        rows = self._tables.get(table)
+        if rows is None:
+            rows = self._tables[self._name(table)] = {}
+            self._bytes[table] = 0
+        rows[key] = (obj[3], obj[0], blob)
+        self._bytes[table] += len(blob) - (len(held[2]) if held is not None else -len(key))
+        if self._decoded_max:
+            decoded, ident = self._decoded, (table, key)
+            decoded.pop(ident, None)
+            decoded[ident] = obj
+            if len(decoded) > self._decoded_max:
+                decoded.popitem(last=False)
+
+    def _drop_locked(self, rows: dict[str, _Record], table: str, key: str, held: _Record) -> None:
+        del rows[key]
+        self._bytes[table] -= len(held[2]) + len(key)
+        self._decoded.pop((table, key), None)
+
+    def _object(self, table: str, key: str, held: _Record) -> VersionedObject:
+        obj = self._decoded.get((table, key))
+        if obj is not None and obj[3] == held[0]:
+            return obj
+        return _new(VersionedObject, (held[1], table, key, held[0], _unpack(held[2])))

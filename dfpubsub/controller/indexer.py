@@ -22,19 +22,33 @@ __all__ = ["IndexFunc", "Indexer", "Lister"]
 
 log = logging.getLogger(__name__)
 
+_NOTHING = object()  # not filed
+
 #: An object -> the index values it is filed under (none, one or several).
 IndexFunc = Callable[[VersionedObject], Iterable[Hashable]]
 
 
+class _Many(frozenset[Hashable]):
+    """The values a key is filed under when there are several (one is kept bare)."""
+
+    __slots__ = ()
+
+
 class Indexer:
-    """The declared indexes of one table: index name -> value -> keys. Thread-safe."""
+    """The declared indexes of one table: index name -> value -> keys. Thread-safe.
+
+    Sized for millions of keys: most keys are filed under one value, and most values of a
+    unique index (a MAC address) hold one key, so each is kept bare, not in a set of one
+    (~200 bytes a set, per key and index)."""
 
     def __init__(self, table: str, funcs: Mapping[str, IndexFunc]):
         self.table = table
         self._funcs = dict(funcs)
         self._lock = threading.Lock()
-        self._index: dict[str, dict[Hashable, set[str]]] = {name: {} for name in self._funcs}
-        self._filed: dict[str, dict[str, frozenset[Hashable]]] = {name: {} for name in self._funcs}
+        #: index name -> value -> its key, or the set of its keys when several
+        self._index: dict[str, dict[Hashable, str | set[str]]] = {name: {} for name in self._funcs}
+        #: index name -> key -> its value, or a _Many of its values when several
+        self._filed: dict[str, dict[str, Hashable]] = {name: {} for name in self._funcs}
         self._badlog = RateLimitedLog(log)
 
     @property
@@ -47,24 +61,35 @@ class Indexer:
         with self._lock:
             for name, new in values.items():
                 index, filed = self._index[name], self._filed[name]
-                old = filed.pop(key, frozenset())
+                held = filed.pop(key, _NOTHING)
+                old = held if isinstance(held, _Many) else frozenset() if held is _NOTHING else frozenset((held,))
                 for v in old - new:
                     keys = index[v]
-                    keys.discard(key)
-                    if not keys:
+                    if isinstance(keys, set):
+                        keys.discard(key)
+                        if len(keys) == 1:
+                            index[v] = next(iter(keys))
+                    else:
                         del index[v]
                 for v in new - old:
-                    index.setdefault(v, set()).add(key)
+                    others = index.get(v)
+                    if others is None:
+                        index[v] = key
+                    elif isinstance(others, set):
+                        others.add(key)
+                    else:
+                        index[v] = {others, key}
                 if new:
-                    filed[key] = new
+                    filed[key] = next(iter(new)) if len(new) == 1 else _Many(new)
 
     def keys(self, name: str, value: Hashable) -> list[str]:
         """Keys filed under ``value`` in index ``name``."""
         with self._lock:
             try:
-                return sorted(self._index[name].get(value, ()))
+                keys = self._index[name].get(value, ())
             except KeyError:
                 raise KeyError(f"table {self.table} has no index {name!r}") from None
+            return [keys] if isinstance(keys, str) else sorted(keys)
 
     def values(self, name: str) -> list[Hashable]:
         """The values index ``name`` holds keys under."""

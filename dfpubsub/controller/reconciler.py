@@ -19,9 +19,14 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import msgpack
+
 from ..events import VersionedObject
+from ..store.api import decode_value
 
 __all__ = ["ObjectKey", "Result", "DONE", "REQUEUE", "Reconciler", "TableHandler", "HandlerReconciler"]
+
+_packb = msgpack.packb
 
 
 class ObjectKey(NamedTuple):
@@ -76,22 +81,34 @@ class HandlerReconciler:
     unchanged, so the retry brings the handler from there to the then-current
     state. A key is never reconciled by two workers at once, so the view needs
     no lock.
+
+    The view is kept packed, as the cache keeps its objects (topic, version and
+    the value's msgpack bytes), not as a second decoded copy of every object:
+    ``previous`` is decoded for the call that needs it.
     """
 
     def __init__(self, handler: TableHandler):
         self.handler = handler
-        self.seen: dict[str, VersionedObject] = {}
+        #: key -> (topic, version, value's msgpack bytes) of what the handler last took
+        self.seen: dict[str, tuple[str, int, bytes]] = {}
 
     def reconcile(self, key: ObjectKey, obj: VersionedObject | None) -> None:
-        previous = self.seen.get(key.key)
+        took = self.seen.get(key.key)
         if obj is None:
-            if previous is not None:
-                self.handler.on_delete(previous)
+            if took is not None:
+                self.handler.on_delete(_unpacked(key, took))
                 del self.seen[key.key]
-        elif previous is None:
+            return
+        blob = _packb(obj.value)  # msgpack.packb, not a shared Packer: workers call this at once
+        if took is None:
             self.handler.on_create(obj)
-            self.seen[key.key] = obj
-        elif obj.version != previous.version or obj.value != previous.value:
+        elif obj.version != took[1] or blob != took[2]:
             # Not only newer: a resync may have replaced a forged version above the truth.
-            self.handler.on_update(obj, previous)
-            self.seen[key.key] = obj
+            self.handler.on_update(obj, _unpacked(key, took))
+        else:
+            return
+        self.seen[key.key] = (obj.topic, obj.version, blob)
+
+
+def _unpacked(key: ObjectKey, took: tuple[str, int, bytes]) -> VersionedObject:
+    return VersionedObject(took[0], key.table, key.key, took[1], decode_value(took[2]))

@@ -5,9 +5,10 @@ versions (:meth:`Store.list_versions_at`, no values), compares them with what
 it holds, and reads and decodes only the objects that differ
 (:meth:`Store.get_many`). An empty cache, or one that differs from the store
 in most objects, has to read every value anyway and takes the full listing in
-one read (:meth:`Store.list_at`). Either listing comes with the store revision
-it reflects, so that :meth:`VersionedCache.reconcile` can replace every cached
-version the listing does not show, unless it is provably newer.
+one read (:meth:`Store.list_packed_at`, with the values' bytes, which the cache
+keeps). Either listing comes with the store revision it reflects, so that
+:meth:`VersionedCache.reconcile` can replace every cached version the listing
+does not show, unless it is provably newer.
 
 The garbage collector is off while a relist builds its objects: a resync of a
 million objects allocates millions of containers, each allocation counts
@@ -57,14 +58,15 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def relist(store: Store, cache: VersionedCache, topics: set[str]) -> Relisted:
+def relist(store: Store, cache: VersionedCache, topics: set[str], values: bool = True) -> Relisted:
     """Make ``cache`` equal to ``store`` for ``topics``: the resync a plain :class:`Subscriber`'s
     ``on_resync`` should run (a :class:`Controller` runs it for you where a replay cannot serve).
 
     Truth wins: the listing comes with the store revision it reflects and the relist begins
     (:meth:`VersionedCache.begin_relist`) before it is read, so only a cached version provably
     newer than the listing survives; any other, a forged 2^64-1 included, becomes the store's.
-    Returns the changes the cache had missed (to hand to whatever acts on them).
+    Returns the changes the cache had missed (to hand to whatever acts on them). ``values=False``:
+    the creates of a first sync may carry None for their values (see :meth:`VersionedCache.reconcile`).
     """
     with _gc_paused():
         cache.begin_relist()
@@ -76,5 +78,5 @@ def relist(store: Store, cache: VersionedCache, topics: set[str]) -> Relisted:
                 fetched = [obj for obj in store.get_many(stale) if obj.topic in topics] if stale else []
                 return Relisted(cache.reconcile(topics, fetched, revision, same), len(versions), revision)
             cache.begin_relist()  # the full listing below is read after the versions
-        objects, revision = store.list_at(topics)
-        return Relisted(cache.reconcile(topics, objects, revision), len(objects), revision)
+        objects, blobs, revision = store.list_packed_at(topics, values)  # the cache keeps the store's bytes
+        return Relisted(cache.reconcile(topics, objects, revision, blobs=blobs, values=values), len(objects), revision)

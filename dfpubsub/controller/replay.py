@@ -83,9 +83,9 @@ def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *,
     last, position, entries = _read(store, after, head, max_entries)
     wanted: list[tuple[str, str]] = []
     deleted: list[tuple[tuple[str, str], int]] = []
-    version, unsure = cache.version, not store.feed_topics
+    version, live, unsure = cache.version, cache.live_version, not store.feed_topics
     for ident, entry in last.items():
-        held = cache.get(*ident)
+        held = live(*ident)  # its version only: no value to decode
         # Only entries of these topics or of an object the cache holds concern it (one that left
         # the topics is then deleted). Where an entry may name the table for the topic (etcd's
         # update that kept it, Store.feed_topics), an update of an object the cache does not hold
@@ -96,7 +96,7 @@ def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *,
         if entry.action is _DELETE:
             if held is not None:
                 deleted.append((ident, entry.revision))
-        elif held is None or held.version != entry.revision:
+        elif held is None or held != entry.revision:
             wanted.append(ident)
     # Changed by an event, yet no write since the position explains it: whatever the event
     # claimed, the store answers for it.
@@ -107,7 +107,7 @@ def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *,
     # Asked for and gone: deleted after the last entry read (its delete's own entry comes later),
     # or never the store's. The deletion's version is unknown; the tombstone keeps at most the
     # position, so that a forged version cannot block the object's genuine writes.
-    gone = [(i, min(version(*i), position)) for i in wanted if i not in found and cache.get(*i) is not None]
+    gone = [(i, min(version(*i), position)) for i in wanted if i not in found and live(*i) is not None]
     changes = cache.correct(topics, fetched, deleted + gone)
     return Replayed(changes, entries, len(wanted), position)
 

@@ -44,7 +44,7 @@ from ..store import Store
 from ..subscriber import Subscriber, SubscriberOptions
 from ..tracker import ResyncRequest
 from ..transport import SubscriberTransport
-from .cache import Change, VersionedCache
+from .cache import DEFAULT_DECODED, Change, Transform, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
@@ -103,12 +103,15 @@ class ControllerOptions:
     #: Seconds without a repair after which a replay moves the position on, so that it stays
     #: within the feed's history (0: never).
     checkpoint_interval: float = 60.0
+    #: Objects the cache keeps decoded besides packed: the last ones written (dfpubsub.controller.cache).
+    decoded_cache: int = DEFAULT_DECODED
 
     @classmethod
     def from_settings(cls, s: ControllerSettings) -> ControllerOptions:
         """The work queue's and workers' share of ``[controller]``."""
         return cls(s.workers, s.resync_period, s.max_retries, s.queue_size, s.retry_base_delay, s.retry_max_delay,
-                   s.retry_qps, s.retry_burst, s.sync_drains_queue, s.replay_max_ratio, s.checkpoint_interval)
+                   s.retry_qps, s.retry_burst, s.sync_drains_queue, s.replay_max_ratio, s.checkpoint_interval,
+                   s.decoded_cache)
 
 
 class Repair(NamedTuple):
@@ -149,7 +152,9 @@ class Controller:
     died before publishing. ``on_gap`` observes every resync request;
     ``on_reconciled(topics, changes)`` is told what each resync found that the
     events had missed. ``bootstrap`` replaces the store listing of the first
-    sync of each topic (from a compacted snapshot, docs/pipeline.md).
+    sync of each topic (from a compacted snapshot, docs/pipeline.md). ``transforms`` maps a table
+    to a function applied to each of its values before it is cached (client-go's
+    ``SetTransform``): what reconcilers, indexes and listers see.
     """
 
     def __init__(
@@ -169,6 +174,7 @@ class Controller:
         reconcilers: Mapping[str, Reconciler] | None = None,
         indexers: Mapping[str, Mapping[str, IndexFunc]] | None = None,
         runtime: ControllerOptions | None = None,
+        transforms: Mapping[str, Transform] | None = None,
     ):
         self.store = store
         self.name = name
@@ -178,7 +184,7 @@ class Controller:
         self.handlers = dict(handlers or {})
         self.reconcilers: dict[str, Reconciler] = {t: HandlerReconciler(h) for t, h in self.handlers.items()}
         self.reconcilers.update(reconcilers or {})
-        self.cache = VersionedCache(tombstone_horizon)
+        self.cache = VersionedCache(tombstone_horizon, transforms=transforms, decoded=rt.decoded_cache)
         self.indexers = {t: Indexer(t, funcs) for t, funcs in (indexers or {}).items()}
         self.stats = stats = Stats("controller", name)
         self.queue: WorkQueue[_Ident] = WorkQueue(
@@ -206,6 +212,11 @@ class Controller:
         #: The latest repair (None before the first sync).
         self.last_repair: Repair | None = None
         stats.set("repair_position", lambda: min(self.positions.values(), default=0))
+        stats.set("cache_transform_errors", lambda: self.cache.transform_errors)
+        usage = self.cache.usage
+        stats.set_by("cache_objects", "table", lambda: {t: u.objects for t, u in usage().items()})
+        stats.set_by("cache_bytes", "table", lambda: {t: u.bytes for t, u in usage().items()})
+        stats.set_by("cache_tombstones", "table", lambda: {t: u.tombstones for t, u in usage().items()})
         self.synced = threading.Event()
         self.subscriber = Subscriber(
             transport, topics, None, self._on_resync, options, name, self._note_gap, stats, on_events=self._on_events,
@@ -267,7 +278,7 @@ class Controller:
         tables = self.reconcilers
         with self._gone_lock:
             keys = list(self._gone)
-        keys += [(o.table, o.key) for o in self.cache.items() if o.table in tables]
+        keys += [ident for ident in self.cache.keys() if ident[0] in tables]
         keys += list(self._failed)
         add = self.queue.add
         # Once each: a failed key is cached too, and its second add could land after a worker took
@@ -358,6 +369,7 @@ class Controller:
         for ch in changes if wanted else ():  # a cache-only controller: a million changes to skip
             if ch.table not in wanted:
                 continue
+            # A value is None only where no index reads it (see _repair's relist).
             obj = None if ch.action is Action.DELETE else VersionedObject(ch.topic, ch.table, ch.key, ch.version,
                                                                           ch.value)
             self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table), pending)
@@ -403,7 +415,9 @@ class Controller:
             # the next repair would start from the same place and fail the same way.
             topics = topics | positions.keys()
         # versions first, truth wins (dfpubsub.controller.relist)
-        found = relist(self.store, self.cache, topics)
+        # The changes' values feed only indexes and on_reconciled: without them a first sync never
+        # holds every value decoded at once (reconcilers read the cache).
+        found = relist(self.store, self.cache, topics, values=bool(self.indexers or self.on_reconciled))
         self._listed |= topics
         if topics >= positions.keys():
             self._touched.clear()

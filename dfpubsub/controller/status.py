@@ -1,4 +1,5 @@
-"""A controller's status file: synced, queue depth and the failed set, for ``df-db``.
+"""A controller's status file: synced, queue depth, the failed set and the cache's objects and bytes per
+table, for ``df-db``.
 
 ``df-controller`` with ``[controller] status_file`` rewrites it atomically
 (a temporary file renamed over it) every ``status_interval`` seconds and on
@@ -43,6 +44,7 @@ def status_of(controller: Controller, objects: int | None = None) -> dict[str, A
         "repairs": {f"{kind}:{cause}": n for kind in ("replay", "relist")
                     for cause, n in controller.stats.by_reason(f"{kind}s").items()},
         "last_repair": None if controller.last_repair is None else controller.last_repair._asdict(),
+        "cache": {table: u._asdict() for table, u in controller.cache.usage().items()},
         "failed": [{"table": f.key.table, "key": f.key.key, "error": f.error, "failures": f.failures,
                     "since": f.since} for f in failed[:MAX_FAILED]],
     }

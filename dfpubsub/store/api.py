@@ -126,6 +126,16 @@ class Store(abc.ABC):
         topics = set(topics)
         return self._list_at(topics) if topics else ([], 0)
 
+    def list_packed_at(self, topics: Iterable[str], values: bool = True
+                       ) -> tuple[builtins.list[VersionedObject], builtins.list[bytes], int]:
+        """:meth:`list_at`, and in step with the objects each value's bytes as the store holds them
+        (what :func:`decode_value` decoded): a cache that keeps values packed keeps these, instead
+        of packing every value again (dfpubsub.controller.cache). ``values=False``: every value
+        is still decoded (a foreign one is skipped, as always) but not kept, and the objects carry
+        None: a listing of a million objects then never holds a million decoded values at once."""
+        topics = set(topics)
+        return self._list_packed_at(topics, values) if topics else ([], [], 0)
+
     def list_versions_at(self, topics: Iterable[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:
         """:meth:`list_versions` as plain (topic, table, key, version) tuples, and the store
         revision the listing reflects (as for :meth:`list_at`)."""
@@ -257,6 +267,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _list_at(self, topics: set[str]) -> tuple[builtins.list[VersionedObject], int]: ...
+
+    def _list_packed_at(self, topics: set[str], values: bool
+                        ) -> tuple[builtins.list[VersionedObject], builtins.list[bytes], int]:
+        """Backends that read the values' bytes hand them over; this packs the listing again."""
+        objects, revision = self._list_at(topics)
+        pack = msgpack.Packer().pack
+        blobs = [pack(o.value) for o in objects]
+        return objects if values else [o._replace(value=None) for o in objects], blobs, revision
 
     @abc.abstractmethod
     def _list_versions_at(self, topics: set[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:

@@ -226,20 +226,32 @@ class EtcdStore(Store):
         return self._objects(self._listed(under, topics, False)[0])
 
     @staticmethod
-    def _objects(listed: list[tuple[str, str, str, Any]]) -> list[VersionedObject]:
+    def _objects(listed: list[tuple[str, str, str, Any]], blobs: list[bytes] | None = None,
+                 values: bool = True) -> list[VersionedObject]:
+        """The objects listed, foreign ones skipped; with ``blobs``, their values' bytes appended in step
+        (``values=False``: values checked, not kept)."""
         new, unpack = tuple.__new__, decode_value  # tuple.__new__: see dfpubsub.store.sqlite._objects
         out: list[VersionedObject] = []
         add = out.append
         for topic, tbl, key, kv in listed:
             try:  # free unless it raises
-                add(new(VersionedObject, (topic, tbl, key, kv.mod_revision, unpack(kv.value))))
+                value = unpack(kv.value)
+                add(new(VersionedObject, (topic, tbl, key, kv.mod_revision, value if values else None)))
             except foreign.DECODE_ERRORS as exc:
                 foreign.skip_error("store_object", kv.key, exc)
+            else:
+                if blobs is not None:
+                    blobs.append(kv.value)
         return out
 
     def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
         listed, revision = self._listed(b"", topics, False)
         return self._objects(listed), revision
+
+    def _list_packed_at(self, topics: set[str], values: bool) -> tuple[list[VersionedObject], list[bytes], int]:
+        listed, revision = self._listed(b"", topics, False)
+        blobs: list[bytes] = []
+        return self._objects(listed, blobs, values), blobs, revision
 
     def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
         listed, revision = self._listed(b"", topics, True)

@@ -353,7 +353,10 @@ class RedisStore(Store):
             rows = c.fetch(keys=[name], args=[])
         return _object(rows[1:], table, key, name) if rows else None
 
-    def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
+    def _list(self, table: str | None, topics: set[str] | None, blobs: list[bytes] | None = None,
+              values: bool = True) -> list[VersionedObject]:
+        """The objects listed, foreign ones skipped; with ``blobs``, their values' bytes appended in step
+        (``values=False``: values checked, not kept)."""
         if topics is not None and not topics:
             return []
         c = self._connect()
@@ -370,10 +373,14 @@ class RedisStore(Store):
                         try:
                             if len(version) > 20 or not version.isdigit():
                                 raise ValueError(f"version {version[:40]!r} is not a positive integer")
+                            value = unpack(rows[i + 3])
                             add(VersionedObject(rows[i + 1].decode(), tbl, key.decode(), int(version),
-                                                unpack(rows[i + 3])))
+                                                value if values else None))
                         except foreign.DECODE_ERRORS as exc:  # None (not a hash, no value) included
                             foreign.skip_error("store_object", base + key, exc)
+                        else:
+                            if blobs is not None:
+                                blobs.append(rows[i + 3])
         return out
 
     def _fetch_table(self, c: _Client, table: str, script: Script,
@@ -403,6 +410,11 @@ class RedisStore(Store):
     def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
         revision = self._revision(self._connect())
         return self._list(None, topics), revision
+
+    def _list_packed_at(self, topics: set[str], values: bool) -> tuple[list[VersionedObject], list[bytes], int]:
+        revision = self._revision(self._connect())
+        blobs: list[bytes] = []
+        return self._list(None, topics, blobs, values), blobs, revision
 
     def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
         c = self._connect()

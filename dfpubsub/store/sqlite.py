@@ -147,8 +147,10 @@ def _marks(n: int) -> str:
     return ",".join(f"?{i}" for i in range(2, n + 2))
 
 
-def _objects(rows: list[tuple[Any, ...]], table: str) -> list[VersionedObject]:
-    """The objects of ``table`` from its (topic or NULL, key, version, value) rows, foreign rows skipped."""
+def _objects(rows: list[tuple[Any, ...]], table: str, blobs: list[bytes] | None = None,
+             values: bool = True) -> list[VersionedObject]:
+    """The objects of ``table`` from its (topic or NULL, key, version, value) rows, foreign rows skipped;
+    with ``blobs``, their values' bytes appended to it in step (``values=False``: values checked, not kept)."""
     # A resync's hot loop, a million rows and more: the type checks and decode_value are
     # inlined (a Python call per row cost a fifth of the loop), and tuple.__new__ skips the
     # named tuple's Python-level __new__.
@@ -162,7 +164,10 @@ def _objects(rows: list[tuple[Any, ...]], table: str) -> list[VersionedObject]:
             if (topic.__class__ is not str or key.__class__ is not str or version.__class__ is not int
                     or blob.__class__ is not bytes):
                 raise TypeError("a column has the wrong type")
-            add(new(VersionedObject, (topic, table, key, version, unpackb(blob, raw=False, strict_map_key=False))))
+            value = unpackb(blob, raw=False, strict_map_key=False)
+            add(new(VersionedObject, (topic, table, key, version, value if values else None)))
+            if blobs is not None:
+                blobs.append(blob)
         except foreign.DECODE_ERRORS as exc:
             foreign.skip_error("store_object", _name(table, key), exc)
     return out
@@ -225,11 +230,12 @@ class SqliteStore(Store):
         return self._db.run(read, "list")
 
     @staticmethod
-    def _objects_of(rows: dict[str, list[tuple[Any, ...]]]) -> list[VersionedObject]:
-        """The objects of each table's rows, in one list."""
+    def _objects_of(rows: dict[str, list[tuple[Any, ...]]], blobs: list[bytes] | None = None,
+                    values: bool = True) -> list[VersionedObject]:
+        """The objects of each table's rows, in one list (and their values' bytes in ``blobs``)."""
         out: list[VersionedObject] = []
         for table, table_rows in rows.items():
-            out.extend(_objects(table_rows, table))
+            out.extend(_objects(table_rows, table, blobs, values))
         return out
 
     def _topics_clause(self, topics: set[str]) -> str:
@@ -243,9 +249,17 @@ class SqliteStore(Store):
         return f" AND {column} IN ({_marks(len(topics))})"
 
     def _list_at(self, topics: set[str]) -> tuple[list[VersionedObject], int]:
+        objects, _, revision = self._listing(topics, None, True)
+        return objects, revision
+
+    def _list_packed_at(self, topics: set[str], values: bool) -> tuple[list[VersionedObject], list[bytes], int]:
+        return self._listing(topics, [], values)
+
+    def _listing(self, topics: set[str], blobs: list[bytes] | None,
+                 values: bool) -> tuple[list[VersionedObject], list[bytes], int]:
         rows, revision = self._at_revision(_SELECT + self._topics_clause(topics), sorted(self.tables),
                                            tuple(topics))
-        return self._objects_of(rows), revision
+        return self._objects_of(rows, blobs, values), blobs or [], revision
 
     def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
         rows, revision = self._at_revision(_SELECT_VERSIONS + self._topics_clause(topics), sorted(self.tables),

@@ -89,7 +89,8 @@ class Counted:
     """Counts the objects each read of a real store handle returns (its methods wrapped in place,
     the store itself untouched): what a controller reading through it cost the store."""
 
-    READS = ("get", "get_many", "list", "list_topics", "list_versions", "list_at", "list_versions_at")
+    READS = ("get", "get_many", "list", "list_topics", "list_versions", "list_at", "list_packed_at",
+             "list_versions_at")
 
     def __init__(self, store):
         self.store = store
@@ -104,7 +105,7 @@ class Counted:
             out = real(*args, **kwargs)
             if name == "get":
                 n = int(out is not None)
-            elif name in ("list_at", "list_versions_at"):
+            elif name in ("list_at", "list_packed_at", "list_versions_at"):
                 n = len(out[0])
             else:
                 n = len(out)

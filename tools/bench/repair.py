@@ -55,7 +55,7 @@ controllers' checkpoint timer is off):
   ``etcd_network_client_grpc_sent_bytes_total`` and the RPCs started
   (``grpc_server_started_total``, by method); the scrape is HTTP, not gRPC.
 * SQLite has no server: rows and bytes read **at the store API**, by
-  wrapping the real store handles' ``get_many``, ``list_at``,
+  wrapping the real store handles' ``get_many``, ``list_at``, ``list_packed_at``,
   ``list_versions_at``, ``_read_feed`` and ``feed_head`` for the run (a
   measuring wrapper around the real calls, not a mock). Bytes are the
   decoded fields re-measured: strings' UTF-8 length, 8 per integer, the
@@ -222,7 +222,7 @@ class ApiMeter:
     """Rows and bytes the store handles' read methods returned (see the module's doc), counted
     while ``active``. Results are kept and measured at :meth:`take`, off the repair's path."""
 
-    METHODS = ("get_many", "list_at", "list_versions_at", "_read_feed", "feed_head")
+    METHODS = ("get_many", "list_at", "list_packed_at", "list_versions_at", "_read_feed", "feed_head")
 
     def __init__(self) -> None:
         self.active = False
@@ -272,7 +272,7 @@ class ApiMeter:
             if name == "get_many":
                 rows += len(result)
                 nbytes += sum(_obj_bytes(o) for o in result)
-            elif name == "list_at":
+            elif name in ("list_at", "list_packed_at"):
                 rows += len(result[0])
                 nbytes += 8 + sum(_obj_bytes(o) for o in result[0])
             elif name == "list_versions_at":

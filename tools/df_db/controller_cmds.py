@@ -1,4 +1,5 @@
-"""``controller-status``: what controllers report in their status files (synced, queue, failed keys, repairs)."""
+"""``controller-status``: what controllers report in their status files (synced, queue, failed keys, cache objects
+and bytes per table, repairs)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def controller_status(
     files: Annotated[list[str], typer.Argument(metavar="FILE...", help="Status files ([controller] status_file).")],
     failed: Annotated[bool, typer.Option("--failed", help="List the failed keys instead.")] = False,
 ) -> None:
-    """Controllers' status: synced, work-queue depth, keys given up after max_retries, repairs by replay and by
-    relist (docs/controller.md, docs/reliability.md)."""
+    """Controllers' status: synced, work-queue depth, keys given up after max_retries, the cache's objects and
+    bytes per table, repairs by replay and by relist (docs/controller.md, docs/reliability.md)."""
     st = state(ctx)
     docs: list[dict[str, Any]] = []
     for path in files:
@@ -51,9 +52,22 @@ def controller_status(
                  for d in docs], [
         Column("file", "file"), Column("controller", "controller"), Column("synced", "synced"),
         Column("queue", "queue_depth", justify="right"), Column("failed", "failed_total", justify="right"),
-        Column("position", "position", lambda v: "" if v is None else str(v), justify="right"), Column("repairs", "repairs", _repairs),
+        Column("position", "position", lambda v: "" if v is None else str(v), justify="right"),
+        Column("cache", "cache", _cache), Column("repairs", "repairs", _repairs),
         Column("last repair", "last", lambda v: v or ""),
         Column("written", "age", justify="right"), Column("error", "error", lambda e: e or "")])
+
+
+def _cache(tables: object) -> str:
+    """``port 200,000 (41.2 MB), network 3 (0.0 MB)``: objects and bytes per table; "" from a controller too
+    old to report them."""
+    if not isinstance(tables, dict):
+        return ""
+    parts = []
+    for table, usage in sorted(tables.items()):
+        if isinstance(usage, dict) and isinstance(usage.get("objects"), int) and isinstance(usage.get("bytes"), int):
+            parts.append(f"{table} {usage['objects']:,} ({usage['bytes'] / 1e6:.1f} MB)")
+    return ", ".join(parts)
 
 
 def _repairs(counts: object) -> str:

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 
+import msgpack
 import pytest
 
 from dfpubsub import DONE, NbApi, Publisher, PublisherOptions, Result, SubscriberOptions, load_driver, open_store
@@ -274,6 +275,10 @@ def test_keys_failing_past_max_retries_are_listed_and_retried_by_the_periodic_re
     shown = json.loads(df_db(base_env(), "-o", "json", "controller-status", str(tmp_path / "ctl.status"),
                              str(tmp_path / "junk.status")).stdout)
     assert shown[0]["failed_total"] == 1 and shown[0]["synced"] is True and "not a status file" in shown[1]["error"]
+    # ... and what its cache holds per table: objects, the bytes of their packed values and keys.
+    packed = len(msgpack.packb({"rev": 0}))
+    assert shown[0]["cache"]["port"] == {"objects": 2, "bytes": 2 * packed + len("bad") + len("good"), "tombstones": 0}
+    assert ctrl.stats.levels_by("cache_objects")["port"] == 2
     # The next re-delivery tries again from a fresh backoff: attempt 4 fails, 5 succeeds.
     wait_for(lambda: "bad" in seen.objects, timeout=10, what="the periodic resync to retry the failed key")
     assert seen.outcomes[:5] == ["failed"] * 4 + ["done"], seen.outcomes
@@ -334,6 +339,31 @@ def test_indexes_follow_the_cache_and_listers_read_them(env):
     wait_for(lambda: ports.index_keys("by_network", "n1") == ["p4"], what="the resync's change to be indexed")
     with pytest.raises(KeyError):
         ports.index_keys("no-such-index", "x")
+
+
+def test_a_transform_strips_values_before_caching_for_the_first_sync_events_and_resyncs(env):
+    store, api, controller = env
+    for i in range(50):  # listed by the first sync
+        api.create("port", f"p{i}", {"mac": f"m{i}", "description": "x" * 150})
+    seen = Seen()
+    ctrl = controller(reconcilers={"port": seen}, indexers={"port": {"by_mac": lambda o: [o.value["mac"]]}},
+                      transforms={"port": lambda v: {"mac": v["mac"]}})
+    assert seen.objects["p7"].value == {"mac": "m7"} and ctrl.lister("port").index_keys("by_mac", "m7") == ["p7"]
+    api.update("port", "p7", {"mac": "new", "description": "y" * 150})  # an event
+    store.create("port", "hidden", {"mac": "h", "description": "z"})  # behind the pub/sub's back: a resync
+    ctrl.subscriber.request_resync(["port"])
+    wait_for(lambda: seen.objects.get("hidden") is not None and seen.objects["p7"].value == {"mac": "new"},
+             what="the event and the resync's change to be reconciled")
+    assert seen.objects["hidden"].value == {"mac": "h"} and ctrl.lister("port").get("p7").value == {"mac": "new"}
+    # The cache holds the stripped values only: ~10 bytes each, not ~170.
+    usage = ctrl.cache.usage()["port"]
+    assert usage.objects == 51 and usage.bytes < 51 * 20, usage
+    assert ctrl.stats.level("cache_transform_errors") == 0
+    # A relist of the unchanged store compares versions: nothing to reconcile again.
+    calls = dict(seen.calls)
+    ctrl.subscriber.request_resync(["port"], reason="periodic")
+    wait_for(lambda: ctrl.stats.get("relists", "periodic") == 1, what="the periodic relist")
+    assert ctrl.last_repair.changes == 0 and seen.calls == calls
 
 
 def test_stop_while_a_worker_is_busy_lets_it_finish_and_reconciles_nothing_more(env):

@@ -79,7 +79,7 @@ def test_a_lost_envelope_is_repaired_by_replay_reading_what_was_missed(backend, 
         objects = node.stat("replay_objects") - snap.get("replay_objects", 0)
         assert 1 <= objects <= 30, f"{name}: the replay read {objects} objects for 1 lost write of 30"
         read = node.reads.total() - rows_before
-        assert read == objects and node.reads.calls["list_at"] + node.reads.calls["list_versions_at"] == 1, \
+        assert read == objects and node.reads.calls["list_packed_at"] + node.reads.calls["list_versions_at"] == 1, \
             f"{name}: its store handle returned {read} objects ({dict(node.reads.rows)})"
         assert node.stat("replay_entries") - snap.get("replay_entries", 0) <= 200
         print(f"{backend.name} {name}: replay read {objects} objects, {node.stat('replay_entries')} entries")

@@ -14,10 +14,8 @@ TOPICS = {"port", "network"}
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = open_store(f"sqlite:///{tmp_path}/nb.sqlite", ["port", "network"])
-    yield s
-    s.close()
+def store(sqlite_store):
+    return sqlite_store
 
 
 def synced(store):
