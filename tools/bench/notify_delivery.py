@@ -1,10 +1,12 @@
 """The delivery half of the notify benchmark: notifications/s one df-notify worker delivers.
 
 A persistent 11-shard topic on embedded SQLite is filled with ``count``
-notifications (not timed), then one :class:`DeliveryWorker` delivers them to a
-local HTTP webhook running in another process (S3 records, the endpoint's
-default batches), acknowledged and removed; the figure is count / time to
-empty. ``batch=1`` measures one notification per request instead.
+notifications as a notifier writes them, each carrying its value's encoding
+(the worker derives size and etag from it), not timed; then one
+:class:`DeliveryWorker` delivers them to a local HTTP webhook running in
+another process (S3 records, the endpoint's default batches), acknowledged
+and removed; the figure is count / time to empty. ``batch=1`` measures one
+notification per request instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import msgpack
 
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
@@ -41,7 +45,8 @@ def delivery_rate(count: int = 50_000, max_batch: int = 100) -> float:
                                                 endpoint_options={"max_batch": str(max_batch)}))
             for i in range(count):
                 key = f"port-{i % 4096:06d}"
-                data = encode(make_notification("bench", event_name("update"), "update", "port", key, i + 1, VALUE))
+                data = encode(make_notification("bench", event_name("update"), "update", "port", key, i + 1, VALUE),
+                              msgpack.packb(VALUE))
                 shard = shard_for("bench", topic.shards or 11, "port", key)
                 queues.commit(shard, queues.reserve(shard, len(data)), data)
             worker = DeliveryWorker(queues, registry, DeliveryOptions("bench", 1.0, 10.0, 0.01, 100, 64))
