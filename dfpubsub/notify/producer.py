@@ -55,10 +55,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import msgpack
+
 from ..errors import (
     DfPubSubError,
     ForeignRecord,
-    InvalidEvent,
     InvalidValue,
     QueueFull,
     QueueNotFound,
@@ -71,7 +72,7 @@ from ..queues import QueueStore
 from ..queues.sharding import shard_for
 from ..store import Store
 from ..store.outbox import Outbox
-from .notification import Notification, encode, notification_id, value_digest
+from .notification import Notification, encode, encode_change, notification_id
 from .registry import Match, NotificationRegistry
 from .topics import Topic, event_name
 
@@ -95,6 +96,8 @@ class _Reservation:
     queue: str
     res_id: str
     notification: Notification
+    #: What the entry carries for delivery to derive size and etag from (see _digest).
+    digest: bytes | tuple[int, str]
     #: For a credit, until when it may be handed out again; 0.0 for a reservation of its own.
     credit_until: float = 0.0
 
@@ -119,6 +122,22 @@ class Pending:
 
 #: What prepare() answers for a change no persistent topic wants (no allocation on that path).
 _NOTHING = Pending()
+#: A deletion's digest: no value, size 0, no etag.
+_DELETED = (0, "")
+
+
+def _digest(table: str, key: str, action: str, value: Any) -> bytes | tuple[int, str]:
+    """What an entry carries in place of the value's size and etag: the value's msgpack
+    encoding, from which delivery derives both (the canonical encoding and MD5 are off the
+    writer's request); ``(0, "")`` for a delete. InvalidValue, as the store, for a value
+    that cannot be serialised."""
+    if action == "delete":
+        return _DELETED
+    try:
+        blob: bytes = msgpack.packb(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidValue(f"{table}/{key}: value is not serialisable: {exc}") from exc
+    return blob
 
 
 class _Credits:
@@ -200,15 +219,19 @@ class Notifier:
         matches = self._persistent(table, key, action)
         if not matches:
             return write(None)
-        # The store puts the version in front of each body (dfpubsub/store/outbox.py); decode() fills in the id.
-        notes = self._notifications(matches, table, key, action, value, 0, self._clock(), self.publisher)
-        shards = [shard_for(n.topic, cast(int, m.topic.shards), table, key) for m, n in zip(matches, notes)]
-        entries = [(shard, encode(n)) for shard, n in zip(shards, notes)]
+        # Each entry leaves its version to the store, which puts it in front (dfpubsub/store/outbox.py),
+        # and carries the value's encoding for delivery to derive size and etag from (notification.py).
+        digest = _digest(table, key, action, value)
+        name, when, writer = event_name(action), self._clock(), self.publisher
+        shards = [shard_for(m.topic.name, cast(int, m.topic.shards), table, key) for m in matches]
+        entries = [(shard, encode_change(topic.name, name, action, table, key, None, when, topic.opaque_data, writer,
+                                         config.id, None, digest))
+                   for shard, (topic, config) in zip(shards, matches)]
         outbox = self.queues.outbox(entries)
         try:
             obj = write(outbox)
         except QueueFull as exc:
-            refused = next((n.topic for shard, n in zip(shards, notes) if shard == exc.queue), exc.queue)
+            refused = next((m.topic.name for shard, m in zip(shards, matches) if shard == exc.queue), exc.queue)
             self.stats.inc("notifications_refused", reason=refused)
             raise
         if outbox.skipped:  # a topic was deleted or made non-persistent since the registry's snapshot
@@ -220,7 +243,7 @@ class Notifier:
         """The (topic, configuration) matches of a change that persistent topics want."""
         if key.__class__ is not str:  # the store refuses it; no topic can match it
             return []
-        return [m for m in self.registry.matching_topics(table, key, action) if m.topic.persistent]
+        return self.registry.persistent_topics(table, key, action)
 
     def prepare(self, table: str, key: str, action: str, value: Any = None, *,
                 publisher: str | None = None, event_time: float | None = None) -> Pending:
@@ -241,15 +264,15 @@ class Notifier:
         if self._pid != os.getpid():
             self._fork_safe()
         now = self._clock()
-        notes = self._notifications(matches, table, key, action, value, _WIDEST_VERSION,
-                                    now if event_time is None else event_time,
+        digest = _digest(table, key, action, value)
+        notes = self._notifications(matches, table, key, action, now if event_time is None else event_time,
                                     self.publisher if publisher is None else publisher)
         lock = self._stripes[zlib.crc32(key.encode()) % _STRIPES]
         lock.acquire()
         pending = Pending([], lock)
         try:
             for (topic, _), n in zip(matches, notes):
-                reservation = self._reserve(topic, table, key, n, now)
+                reservation = self._reserve(topic, table, key, n, digest, now)
                 if reservation is not None:
                     pending.reservations.append(reservation)
         except BaseException:
@@ -280,7 +303,7 @@ class Notifier:
                 n = r.notification
                 n.version = version
                 n.id = notification_id(n.topic, n.bucket, n.key, version)
-                committed += self._commit(r, encode(n))
+                committed += self._commit(r, encode(n, r.digest))
         finally:
             lock.release()
         self.stats.inc("notifications_enqueued", committed)
@@ -307,31 +330,27 @@ class Notifier:
     # -- reservations ----------------------------------------------------------------------------
 
     @staticmethod
-    def _notifications(matches: list[Match], table: str, key: str, action: str, value: Any, version: int,
-                       when: float, writer: str) -> list[Notification]:
-        """The notification of the change for each match (without its id), its S3 event name,
-        size and etag computed once for all."""
-        name, size, etag = event_name(action), 0, ""
-        if action != "delete":
-            try:
-                size, etag = value_digest(value)
-            except InvalidEvent as exc:  # the store refuses it the same way
-                raise InvalidValue(f"{table}/{key}: {exc}") from exc
-        return [Notification("", topic.name, name, action, table, key, version, size, etag, when, None,
+    def _notifications(matches: list[Match], table: str, key: str, action: str, when: float,
+                       writer: str) -> list[Notification]:
+        """The notification of the change for each match, without its version and id (size and
+        etag are left to delivery: see :func:`_digest`)."""
+        name = event_name(action)
+        return [Notification("", topic.name, name, action, table, key, _WIDEST_VERSION, 0, "", when, None,
                              topic.opaque_data, writer, config.id) for topic, config in matches]
 
-    def _reserve(self, topic: Topic, table: str, key: str, n: Notification, now: float) -> _Reservation | None:
-        """A reservation for ``n`` on its shard; None if the topic's queues are gone."""
+    def _reserve(self, topic: Topic, table: str, key: str, n: Notification, digest: bytes | tuple[int, str],
+                 now: float) -> _Reservation | None:
+        """A reservation for ``n`` on its shard, sized for the widest version; None if the topic's
+        queues are gone."""
         assert topic.shards is not None
         queue = shard_for(topic.name, topic.shards, table, key)
-        n.id = notification_id(topic.name, table, key, _WIDEST_VERSION)
-        size = len(encode(n))
+        size = len(encode(n, digest))
         try:
             if size <= self.credit_size:
                 credit = self._take_credit(queue, topic, now)
                 if credit is not None:
-                    return _Reservation(queue, credit[0], n, credit[1])
-            return _Reservation(queue, self.queues.reserve(queue, size), n)
+                    return _Reservation(queue, credit[0], n, digest, credit[1])
+            return _Reservation(queue, self.queues.reserve(queue, size), n, digest)
         except QueueNotFound:
             # The topic was deleted or made non-persistent since the snapshot: it wants nothing now.
             self.registry.invalidate()

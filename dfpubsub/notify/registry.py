@@ -8,10 +8,11 @@ when it stops being persistent. Its shard count is fixed when it is created
 (``shards``, or the registry's ``default_shards`` at that moment): a topic
 created before the default changed keeps its count, as in Ceph.
 
-``matching_topics()`` is on the path of every write, so it answers from a
-snapshot of all topics and configurations, reloaded when older than
-``cache_ttl`` seconds (and at once after a change made through this
-object): a change made by another process is seen within ``cache_ttl``.
+``matching_topics()`` (and ``persistent_topics()``, a notifier's question) is
+on the path of every write, so it answers from a snapshot of all topics and
+configurations, reloaded when older than ``cache_ttl`` seconds (and at once
+after a change made through this object): a change made by another process is
+seen within ``cache_ttl``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..backends import foreign
 from ..errors import AlreadyExists, InvalidValue, QueueNotFound, TopicNotFound
 from ..queues import QueueStats, QueueStore
 from ..queues.sharding import shard_names
-from .topics import NotificationConfig, Topic
+from .topics import S3_EVENT_NAMES, NotificationConfig, Topic
 
 __all__ = ["NotificationRegistry", "TopicStats", "Match", "DEFAULT_SHARDS"]
 
@@ -61,6 +62,9 @@ class Match(NamedTuple):
 class _Snapshot(NamedTuple):
     at: float
     by_source: dict[str, list[Match]]
+    #: (table, action) -> the matches of persistent topics whose configurations take the action:
+    #: what every notified write asks, decided once per snapshot (bounded: tables x actions).
+    persistent: dict[tuple[str, str], list[Match]]
 
 
 class NotificationRegistry:
@@ -220,6 +224,23 @@ class NotificationRegistry:
             return []
         return [m for m in candidates if m.config.matches(table, key, action)]
 
+    def persistent_topics(self, table: str, key: str, action: str) -> list[Match]:
+        """:meth:`matching_topics` of persistent topics only, as a notifier asks for every write:
+        which configurations take ``action`` on ``table`` is decided once per snapshot, only the
+        key's prefix and suffix per call."""
+        snapshot = self._snapshot
+        if snapshot is None or self._clock() - snapshot.at > self.cache_ttl:
+            snapshot = self._load()
+        found = snapshot.persistent.get((table, action))
+        if found is None:
+            candidates = snapshot.by_source.get(table)
+            if not candidates:
+                return []
+            found = [m for m in candidates if m.topic.persistent and m.config.matches_action(action)]
+            if action in S3_EVENT_NAMES:  # a configured table and a real action: bounded
+                snapshot.persistent[(table, action)] = found
+        return [m for m in found if key.startswith(m.config.prefix) and key.endswith(m.config.suffix)]
+
     def invalidate(self) -> None:
         """Drop the snapshot: the next :meth:`matching_topics` reloads."""
         self._snapshot = None
@@ -233,5 +254,5 @@ class NotificationRegistry:
                 topic = topics.get(config.topic)
                 if topic is not None:
                     by_source.setdefault(config.source, []).append(Match(topic, config))
-            self._snapshot = _Snapshot(at, by_source)
+            self._snapshot = _Snapshot(at, by_source, {})
             return self._snapshot

@@ -172,6 +172,10 @@ class NotificationConfig:
         """Whether a change of ``key`` in ``table`` by ``action`` is notified."""
         if table != self.source or not key.startswith(self.prefix) or not key.endswith(self.suffix):
             return False
+        return self.matches_action(action)
+
+    def matches_action(self, action: str) -> bool:
+        """Whether changes by ``action`` are notified (of keys that match)."""
         if not self.actions or action in self.actions:
             return True
         name = S3_EVENT_NAMES.get(action)

@@ -83,8 +83,10 @@ end
 -- The queue at meta, res (reservations), entries, read once and proved ours before the caller
 -- writes anything (a script is not rolled back when a call fails): nil when it does not exist,
 -- false plus the culprit's position (1 meta, 2 reservations, 3 entries) and why when something
--- there is foreign, else its state, expired reservations swept.
-local function queue_read(meta, res, entries, now)
+-- there is foreign, else its state, expired reservations swept. A caller that touches the
+-- reservations only through this sweep (the outbox: sweep_only) has their type proved only when
+-- the counters say there are some: a step fewer on every notified write.
+local function queue_read(meta, res, entries, now, sweep_only)
   local m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq', 'stale_after')
   if m.err then return false, 1, 'queue metadata is not a hash' end
   if not m[1] then return nil end
@@ -95,9 +97,11 @@ local function queue_read(meta, res, entries, now)
   if not stale_after or stale_after ~= stale_after then return false, 1, 'queue stale_after is not a number' end
   local len = redis.pcall('XLEN', entries)
   if type(len) == 'table' then return false, 3, 'queue entries are not a stream' end
-  local t = redis.call('TYPE', res)['ok']
-  if t ~= 'zset' and t ~= 'none' then return false, 2, 'queue reservations are a ' .. t .. ', not a sorted set' end
   local held, reserved = 0, tonumber(m[4])
+  if not sweep_only or reserved > 0 then
+    local t = redis.call('TYPE', res)['ok']
+    if t ~= 'zset' and t ~= 'none' then return false, 2, 'queue reservations are a ' .. t .. ', not a sorted set' end
+  end
   if reserved > 0 then  -- else there are no reservations to count or sweep
     reserved = reserved - sweep(meta, res, now)
     held = redis.call('ZCARD', res)
@@ -301,7 +305,7 @@ _OUTBOX = _LIB + """
 local OB_N, ob = (#KEYS - KB) / 3, {}
 -- queue_read of the queue at KEYS[k + 1 .. k + 3], with the culprit's index among all KEYS.
 local function outbox_read(k, now)
-  local q, culprit, why = queue_read(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], now)
+  local q, culprit, why = queue_read(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], now, true)
   if q == false then return false, k + culprit, why end
   return q
 end

@@ -66,14 +66,17 @@ _FIELDS = ("topic", "version", "value")
 _MISSING, _CONFLICT, _EXISTS, _OUTBOX_FULL, _OUTBOX_FOREIGN = 1, 2, 3, 4, 5  # script status codes; 0 is success
 
 # Versions travel as strings: Lua numbers are doubles, exact only up to 2**53, so
-# the scripts re-read the counter after INCR rather than use INCR's number.
+# the scripts format INCR's number below that and re-read the counter at or past it
+# (_NEXT: one Redis call fewer per write than reading it back always).
+_NEXT = """
+local v = redis.call('INCR', {counter})
+if v < 9007199254740992 then v = string.format('%d', v) else v = redis.call('GET', {counter}) end
+"""
 
 # KEYS: object hash, table set, revision counter. ARGV: key, topic, blob.
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {3} end
-redis.call('INCR', KEYS[3])
-local v = redis.call('GET', KEYS[3])
-redis.call('HSET', KEYS[1], 'topic', ARGV[2], 'version', v, 'value', ARGV[3])
+""" + _NEXT.format(counter="KEYS[3]") + """redis.call('HSET', KEYS[1], 'topic', ARGV[2], 'version', v, 'value', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[1])
 return {0, v}
 """
@@ -85,9 +88,7 @@ if not cur[2] then return {1} end
 if ARGV[3] ~= '' and ARGV[3] ~= cur[2] then return {2, cur[2]} end
 local topic = ARGV[1]
 if topic == '' then topic = cur[1] end
-redis.call('INCR', KEYS[2])
-local v = redis.call('GET', KEYS[2])
-redis.call('HSET', KEYS[1], 'topic', topic, 'version', v, 'value', ARGV[2])
+""" + _NEXT.format(counter="KEYS[2]") + """redis.call('HSET', KEYS[1], 'topic', topic, 'version', v, 'value', ARGV[2])
 return {0, v, topic}
 """
 
@@ -96,9 +97,7 @@ _DELETE = """
 local cur = redis.call('HMGET', KEYS[1], 'topic', 'version')
 if not cur[2] then return {1} end
 if ARGV[2] ~= '' and ARGV[2] ~= cur[2] then return {2, cur[2]} end
-redis.call('INCR', KEYS[3])
-local v = redis.call('GET', KEYS[3])
-redis.call('DEL', KEYS[1])
+""" + _NEXT.format(counter="KEYS[3]") + """redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
 return {0, v, cur[1]}
 """

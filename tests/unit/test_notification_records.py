@@ -20,13 +20,16 @@ from dfpubsub.errors import (
 from dfpubsub.notify import records
 from dfpubsub.notify.notification import (
     NOTIFICATION_SCHEMA_VERSION,
+    PREVIOUS_SCHEMA_VERSION,
     Notification,
     decode,
     encode,
+    encode_change,
     make_notification,
     sequencer,
     value_digest,
 )
+from dfpubsub.store.outbox import versioned
 
 ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -70,10 +73,59 @@ def test_unknown_action_is_refused():
         make_notification("t", "s3:ObjectCreated:Put", "rename", "b", "k", 1)
 
 
-def test_unknown_keys_are_ignored():
-    obj = msgpack.unpackb(encode(sample()))
+def test_the_entry_can_carry_the_value_encoding_and_delivery_derives_size_and_etag():
+    value = {"mac": "fa:16:3e:00:00:01", "n": 3}
+    n = sample()
+    compact = encode(n, msgpack.packb(value))
+    assert decode(compact) == n
+    # The same etag whatever the order the writer's map was built in (it is the canonical digest).
+    assert decode(encode(n, msgpack.packb({"n": 3, "mac": "fa:16:3e:00:00:01"}))).etag == n.etag
+    assert len(compact) < len(_previous(n)), "schema 2 is smaller than the map it replaces"
+
+
+def test_an_entry_the_store_versions_takes_its_version_and_id_from_the_prefix():
+    n = sample()
+    body = encode_change(n.topic, n.event_name, n.action, n.bucket, n.key, None, n.event_time, n.opaque_data,
+                         n.publisher, n.config_id, None, msgpack.packb({"mac": "fa:16:3e:00:00:01", "n": 3}))
+    assert decode(versioned(42, body)) == n
+    with pytest.raises(NotificationDecodeError) as info:
+        decode(body)  # no version anywhere
+    assert info.value.reason == "malformed"
+
+
+def _previous(n: Notification) -> bytes:
+    """Schema 1, the map the previous release wrote: still read."""
+    return msgpack.packb({
+        "v": PREVIOUS_SCHEMA_VERSION, "id": n.id, "topic": n.topic, "event_name": n.event_name, "action": n.action,
+        "bucket": n.bucket, "key": n.key, "version": n.version, "size": n.size, "etag": n.etag,
+        "event_time": float(n.event_time), "value": n.value, "opaque_data": n.opaque_data, "publisher": n.publisher,
+        "config_id": n.config_id,
+    })
+
+
+def test_the_previous_schema_is_still_read():
+    for n in (sample(include_value=True), sample(action="delete")):
+        assert decode(_previous(n)) == n
+    n = sample()
+    n.id, n.version = "", 0  # what the previous release's outbox wrote: the store's prefix fills both in
+    assert decode(versioned(42, _previous(n))) == sample()
+
+
+def test_unknown_fields_are_ignored():
+    obj = msgpack.unpackb(_previous(sample()))
     obj["added_later"] = [1, 2]
     assert decode(msgpack.packb(obj)) == sample()
+    assert decode(msgpack.packb([*msgpack.unpackb(encode(sample())), "added later"])) == sample()
+
+
+def _compact(**changes) -> bytes:
+    """Schema 2 of sample() with fields replaced by position name."""
+    fields = ["v", "topic", "event_name", "action", "bucket", "key", "version", "event_time", "opaque_data",
+              "publisher", "config_id", "value", "digest"]
+    row = msgpack.unpackb(encode(sample()))
+    for name, value in changes.items():
+        row[fields.index(name)] = value
+    return msgpack.packb(row)
 
 
 @pytest.mark.parametrize(
@@ -82,14 +134,29 @@ def test_unknown_keys_are_ignored():
         (b"\xc1", "not_msgpack"),
         (encode(sample())[:-3], "truncated"),
         (encode(sample()) + b"\x00", "malformed"),
-        (msgpack.packb([1, 2, 3]), "malformed"),
+        (msgpack.packb([1, 2, 3]), "schema_version"),
+        (msgpack.packb([]), "malformed"),
+        (msgpack.packb(["2"]), "malformed"),
+        (msgpack.packb([NOTIFICATION_SCHEMA_VERSION, "images"]), "malformed"),
+        (_compact(v=NOTIFICATION_SCHEMA_VERSION + 1), "schema_version"),
+        (_compact(version="42"), "malformed"),
+        (_compact(version=True), "malformed"),
+        (_compact(action="explode"), "malformed"),
+        (_compact(topic=""), "malformed"),
+        (_compact(digest=[1]), "malformed"),
+        (_compact(digest=["12", "etag"]), "malformed"),
+        (_compact(digest="not bytes"), "malformed"),
+        (_compact(digest=b"\xc1"), "not_msgpack"),
+        (_compact(digest=b"\x92\x01"), "truncated"),
         (msgpack.packb({"id": "x"}), "malformed"),
-        (msgpack.packb({**msgpack.unpackb(encode(sample())), "v": NOTIFICATION_SCHEMA_VERSION + 1}), "schema_version"),
-        (msgpack.packb({**msgpack.unpackb(encode(sample())), "v": "1"}), "malformed"),
-        (msgpack.packb({**msgpack.unpackb(encode(sample())), "version": "42"}), "malformed"),
-        (msgpack.packb({**msgpack.unpackb(encode(sample())), "version": True}), "malformed"),
-        (msgpack.packb({**msgpack.unpackb(encode(sample())), "action": "explode"}), "malformed"),
-        (msgpack.packb({**msgpack.unpackb(encode(sample())), "topic": ""}), "malformed"),
+        (msgpack.packb({**msgpack.unpackb(_previous(sample())), "v": NOTIFICATION_SCHEMA_VERSION + 1}),
+         "schema_version"),
+        (msgpack.packb({**msgpack.unpackb(_previous(sample())), "v": "1"}), "malformed"),
+        (msgpack.packb({**msgpack.unpackb(_previous(sample())), "version": "42"}), "malformed"),
+        (msgpack.packb({**msgpack.unpackb(_previous(sample())), "version": True}), "malformed"),
+        (msgpack.packb({**msgpack.unpackb(_previous(sample())), "action": "explode"}), "malformed"),
+        (msgpack.packb({**msgpack.unpackb(_previous(sample())), "topic": ""}), "malformed"),
+        (msgpack.packb("a string"), "malformed"),
         (b"\x00" * 100, "malformed"),
     ],
 )

@@ -1,10 +1,12 @@
 """The delivery half of the notify benchmark: notifications/s one df-notify worker delivers.
 
 A persistent 11-shard topic on embedded SQLite is filled with ``count``
-notifications (not timed), then one :class:`DeliveryWorker` delivers them to a
-local HTTP webhook running in another process (S3 records, the endpoint's
-default batches), acknowledged and removed; the figure is count / time to
-empty. ``batch=1`` measures one notification per request instead.
+notifications as a notifier writes them, each carrying its value's encoding
+(the worker derives size and etag from it), not timed; then one
+:class:`DeliveryWorker` delivers them to a local HTTP webhook running in
+another process (S3 records, the endpoint's default batches), acknowledged
+and removed; the figure is count / time to empty. ``batch=1`` measures one
+notification per request instead.
 :func:`kafka_delivery_rate` does the same into librdkafka's mock Kafka cluster
 (three brokers in this process, one message per notification, idempotent,
 ``acks=all``): it measures the endpoint and the worker, not a real cluster's disks.
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import msgpack
 
 from dfpubsub.notify import NotificationRegistry, Topic, event_name
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryThread, DeliveryWorker
@@ -38,7 +42,8 @@ def _deliver(url: str, count: int, endpoint_options: dict[str, str]) -> float:
                                             endpoint_options=endpoint_options))
         for i in range(count):
             key = f"port-{i % 4096:06d}"
-            data = encode(make_notification("bench", event_name("update"), "update", "port", key, i + 1, VALUE))
+            data = encode(make_notification("bench", event_name("update"), "update", "port", key, i + 1, VALUE),
+                          msgpack.packb(VALUE))
             shard = shard_for("bench", topic.shards or 11, "port", key)
             queues.commit(shard, queues.reserve(shard, len(data)), data)
         worker = DeliveryWorker(queues, registry, DeliveryOptions("bench", 1.0, 10.0, 0.01, 100, 64))

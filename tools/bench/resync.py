@@ -14,7 +14,8 @@ once in sync (versions compared, nothing to read): what a gap costs.
 
 Last line: ``{"bench": "resync", "objects": N, "sqlite_s": X, "etcd_s": X, "redis_s": X,
 "<backend>_raw_s": X, "<backend>_ratio": R, "sqlite_ratio_10k": R, "sqlite_ratio_100k": R,
-"sqlite_ratio_1m": R}`` (ratio = resync / raw read).
+"sqlite_ratio_1m": R, "<backend>_cpu_ratio": R, "sqlite_cpu_ratio_10k": R, ...}`` (ratio = resync / raw
+read; the cpu ratios are this process's CPU in each, which the machine's other load disturbs less).
 Targets: a ratio <= 3 at every size; SQLite <= 1.5 s, etcd and Redis <= 3 s for 100k objects.
 """
 
@@ -61,14 +62,15 @@ def fill(store: Store, n: int) -> None:
         store.create(TABLES[i % 2], f"obj-{i:06d}", VALUE)
 
 
-def time_resync(store: Store) -> tuple[float, float]:
-    """Seconds of (the first sync of a fresh controller, a later resync of the same, in sync, cache)."""
+def time_resync(store: Store) -> tuple[float, float, float]:
+    """Seconds of (the first sync of a fresh controller, a later resync of the same, in sync, cache,
+    and this process's CPU during the first sync)."""
     ctrl = Controller(store, load_driver(f"memory://resync-{store.backend}").subscriber(Stats("s", "s")), TABLES)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ctrl.start()
     if not ctrl.synced.wait(120):
         raise SystemExit("the controller did not sync")
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     if len(ctrl.cache) != store.count():
         raise SystemExit(f"cache has {len(ctrl.cache)} objects, the store {store.count()}")
     t0 = time.perf_counter()
@@ -77,12 +79,12 @@ def time_resync(store: Store) -> tuple[float, float]:
     if changes:
         raise SystemExit(f"a resync of an unchanged store found {len(changes)} changes")
     ctrl.stop()
-    return elapsed, warm
+    return elapsed, warm, cpu
 
 
-def raw_read(backend: str, store: Store, url: str) -> float:
-    """The backend's own client reading every object, bytes only."""
-    t0 = time.perf_counter()
+def raw_read(backend: str, store: Store, url: str) -> tuple[float, float]:
+    """Seconds of the backend's own client reading every object, bytes only, and this process's CPU."""
+    t0, c0 = time.perf_counter(), time.process_time()
     if backend == "sqlite":
         assert isinstance(store, SqliteStore)
         conn = sqlite3.connect(store.path)
@@ -104,10 +106,10 @@ def raw_read(backend: str, store: Store, url: str) -> float:
         client.close()
     else:
         count = _etcd_raw_count(url)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     if count != store.count():
         raise SystemExit(f"raw read found {count} objects, the store has {store.count()}")
-    return elapsed
+    return elapsed, cpu
 
 
 def _etcd_raw_count(url: str) -> int:
@@ -132,21 +134,25 @@ def _etcd_raw_count(url: str) -> int:
     return asyncio.run(run())
 
 
-def measure(backend: str, tmp: str, n: int) -> tuple[float, float, float]:
-    """(resync, raw read, resync in sync) seconds of ``n`` objects on ``backend``, each the best of a few."""
+def measure(backend: str, tmp: str, n: int) -> tuple[float, float, float, float]:
+    """(resync, raw read, resync in sync) seconds of ``n`` objects on ``backend``, each the best of a few,
+    and the ratio of this process's CPU in the resync to that in the raw read (best of each): steadier than
+    the wall clocks on a shared machine, though it leaves out a server's (etcd, Redis) work."""
     os.makedirs(f"{tmp}/{n}", exist_ok=True)
     with bench_store(backend, f"{tmp}/{n}", TABLES, timeout=30.0) as (store, url):
         t0 = time.perf_counter()
         fill(store, n)
         print(f"[{backend}] filled {n} objects in {time.perf_counter() - t0:.1f}s", flush=True)
         tries = 2 if n >= 1_000_000 else 3  # the best of a few: the machine may be shared
-        raw = min(raw_read(backend, store, url) for _ in range(tries))
+        raws = [raw_read(backend, store, url) for _ in range(tries)]
         runs = [time_resync(store) for _ in range(tries)]
-    resync, warm = min(r[0] for r in runs), min(r[1] for r in runs)
+    raw, raw_cpu = min(r[0] for r in raws), min(r[1] for r in raws)
+    resync, warm, cpu = min(r[0] for r in runs), min(r[1] for r in runs), min(r[2] for r in runs)
     print(f"[{backend}] {n} objects: full resync into a fresh controller: {resync:.3f}s "
           f"({n / resync:,.0f} objects/s); raw client read: {raw:.3f}s; ratio {resync / raw:.2f}; "
-          f"resync of the controller in sync: {warm:.3f}s", flush=True)
-    return resync, raw, warm
+          f"resync of the controller in sync: {warm:.3f}s; CPU {cpu:.3f}s against {raw_cpu:.3f}s "
+          f"(ratio {cpu / raw_cpu:.2f})", flush=True)
+    return resync, raw, warm, cpu / raw_cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,14 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"bench": "resync", "objects": args.objects}
     with tempfile.TemporaryDirectory(prefix="bench-resync-") as tmp:
         for backend in args.backends.split(","):
-            resync, raw, warm = measure(backend, tmp, args.objects)
+            resync, raw, warm, cpu_ratio = measure(backend, tmp, args.objects)
             result.update({f"{backend}_s": round(resync, 3), f"{backend}_raw_s": round(raw, 3),
-                           f"{backend}_ratio": round(resync / raw, 2), f"{backend}_in_sync_s": round(warm, 3)})
+                           f"{backend}_ratio": round(resync / raw, 2), f"{backend}_in_sync_s": round(warm, 3),
+                           f"{backend}_cpu_ratio": round(cpu_ratio, 2)})
             if backend == "sqlite":
                 for n in (int(x) for x in args.sqlite_sizes.split(",") if x):
-                    at_n = (resync, raw) if n == args.objects else measure(backend, tmp, n)[:2]
+                    at_n = (resync, raw, warm, cpu_ratio) if n == args.objects else measure(backend, tmp, n)
                     label = f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k"
                     result[f"sqlite_ratio_{label}"] = round(at_n[0] / at_n[1], 2)
+                    result[f"sqlite_cpu_ratio_{label}"] = round(at_n[3], 2)
     print(json.dumps(result))
     return 0
 

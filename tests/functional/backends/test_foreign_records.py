@@ -230,6 +230,23 @@ def test_a_write_a_foreign_queue_record_would_break_is_refused_before_it_changes
     assert api.notifier.stats.get("notifications_enqueued") >= 2
 
 
+def test_foreign_reservations_stop_a_notified_write_only_where_it_would_touch_them(outbox):
+    """The outbox touches a shard's reservations only to sweep them, so it proves their type only
+    when the metadata counts reserved bytes; a reservation, which adds to them, always proves it."""
+    r, store, queues, registry, api, topic, prefix = outbox
+    shard = registry.shard_names(topic)[1]
+    key = _key_on(topic, shard)
+    api.create("port", key, {"v": 1})
+    r.set(f"{prefix}:q:r:{shard}", "x")  # nothing reserved: the write never reads it
+    made = api.update("port", key, {"v": 2})
+    listed, _ = queues.list(shard, 10)
+    assert [split_versioned(e.data)[0] for e in listed][-1] == made.version
+    with pytest.raises(ForeignRecord) as refused:
+        queues.reserve(shard, 100)
+    assert refused.value.key == f"{prefix}:q:r:{shard}"
+    assert store.get("port", key) == made
+
+
 def test_a_foreign_entry_past_the_queue_sequence_stops_no_write_and_notifications_go_after_it(outbox):
     """Another writer's stream entry at an id past the shard's sequence, kept or removed since:
     the next append would collide with it, and a reader's position may be past it already. The

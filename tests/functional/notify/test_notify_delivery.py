@@ -16,6 +16,7 @@ from tests.functional.notify_helpers import (
     delivered_keys,
     delivery,
     enqueue,
+    enqueue_raw,
     make_topic,
     owns_all,
     pending,
@@ -189,3 +190,41 @@ def test_a_new_default_shard_count_applies_to_new_topics_and_everything_is_deliv
             assert len(registry.shard_names(old)) == 11
         finally:
             worker.stop()
+
+
+def test_entries_of_the_previous_release_and_of_this_one_deliver_the_same_record(queues, tmp_path):
+    """Across an upgrade a shard holds schema 1 maps (size and etag computed by the writer) next to
+    schema 2 entries (the value's encoding, size and etag derived at delivery): both are delivered,
+    with the same size and etag for the same value."""
+    import msgpack
+
+    from dfpubsub.nbapi import NbApi
+    from dfpubsub.notify import NotificationConfig
+    from dfpubsub.notify.notification import value_digest
+    from dfpubsub.notify.producer import Notifier
+    from dfpubsub.queues import shard_for
+    from dfpubsub.store import open_store
+
+    value = {"name": "p", "fixed_ips": ["10.0.0.1"], "mtu": 1500, "nested": {"b": 1, "a": [1.5, None]}}
+    size, etag = value_digest(value)
+    registry = NotificationRegistry(queues)
+    store = open_store(f"sqlite:///{tmp_path}/nb.sqlite", ["port"])
+    with WebhookReceiver() as webhook:
+        topic = make_topic(registry, "upgrade", webhook.url, shards=2)
+        registry.put_configuration(NotificationConfig("all", "port", "upgrade"))
+        old = {"v": 1, "id": "upgrade:port:old:7", "topic": "upgrade", "event_name": "s3:ObjectCreated:Put",
+               "action": "create", "bucket": "port", "key": "old", "version": 7, "size": size, "etag": etag,
+               "event_time": 1.5e9, "value": None, "opaque_data": "", "publisher": "before", "config_id": "all"}
+        enqueue_raw(queues, shard_for("upgrade", topic.shards, "port", "old"), msgpack.packb(old))
+        api = NbApi(store, None, Notifier(registry, queues))
+        worker = delivery(queues)
+        try:
+            made = api.create("port", "new", value)
+            wait_drained(registry, "upgrade")
+            objects = {r["s3"]["object"]["key"]: r["s3"]["object"] for r in webhook.records}
+            assert objects["old"]["versionId"] == "7" and objects["new"]["versionId"] == str(made.version)
+            assert (objects["old"]["size"], objects["old"]["eTag"]) == (size, etag)
+            assert (objects["new"]["size"], objects["new"]["eTag"]) == (size, etag)
+        finally:
+            worker.stop()
+            store.close()

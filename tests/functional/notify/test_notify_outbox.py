@@ -7,12 +7,13 @@ import signal
 import subprocess
 import sys
 
+import msgpack
 import pytest
 
 from dfpubsub.errors import InvalidValue, QueueFull
 from dfpubsub.nbapi import NbApi
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
-from dfpubsub.notify.notification import decode
+from dfpubsub.notify.notification import decode, value_digest
 from dfpubsub.notify.producer import Notifier
 from dfpubsub.queues import open_queues, shard_for
 from dfpubsub.store import open_store
@@ -70,10 +71,19 @@ def test_the_write_carries_its_notifications_with_no_reservation(where):
     assert len(notes) == 31 and api.notifier.stats.get("notifications_enqueued") == 31
     by_version = {}
     for shard, data in notes:
-        version, _ = split_versioned(data)  # the store wrote the version in front of the body
+        version, body = split_versioned(data)  # the store wrote the version in front of the body
         n = decode(data)
         assert n.version == version and n.id == f"orders:port:{n.key}:{version}"
         assert shard == shard_for("orders", topic.shards, "port", n.key)
+        # Schema 2 with no version of its own, carrying the value's encoding: size and etag are
+        # derived from it when the entry is read, equal to what the writer would have computed.
+        row = msgpack.unpackb(body)
+        assert row[0] == 2 and row[6] is None
+        if n.action == "create":
+            assert row[-1] == msgpack.packb({"i": int(n.key[1:])})
+            assert (n.size, n.etag) == value_digest({"i": int(n.key[1:])})
+        else:
+            assert row[-1] == [0, ""] and (n.size, n.etag) == (0, "")
         by_version[version] = n
     assert [(by_version[o.version].key, by_version[o.version].action) for o in made] == (
         [(f"k{i}", "create") for i in range(30)] + [("k0", "delete")])

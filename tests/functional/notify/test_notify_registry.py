@@ -99,7 +99,11 @@ def test_configurations_and_matching(registry):
         registry.put_configuration(NotificationConfig("c5", "port", "nope"))
 
     def matched(table, key, action):
-        return sorted((m.config.id, m.topic.name) for m in registry.matching_topics(table, key, action))
+        found = sorted((m.config.id, m.topic.name) for m in registry.matching_topics(table, key, action))
+        for _ in range(2):  # a notifier's question, decided once per (table, action) and snapshot
+            persistent = sorted((m.config.id, m.topic.name) for m in registry.persistent_topics(table, key, action))
+            assert persistent == [(c, t) for c, t in found if t != "all"]
+        return found
 
     assert matched("port", "web-1.eu", "create") == [("c1", "created"), ("c3", "all")]
     assert matched("port", "web-1.eu", "update") == [("c1", "created"), ("c3", "all")]

@@ -87,6 +87,18 @@ def test_drop_all_keeps_the_version_counter_and_only_its_prefix(redis_server, ra
         s.close()
 
 
+def test_versions_stay_exact_past_the_doubles_of_lua(redis_server, raw):
+    """A script's numbers are doubles, exact up to 2**53: below, a write formats INCR's answer; at
+    and past it, reads the counter back. Every version is exact and in the feed either way."""
+    store = RedisStore(redis_server.url, TABLES, prefix="wide")
+    raw.set("wide:nb:rev", 2**53 - 3)
+    made = [store.create("port", "a", 0), store.update("port", "a", 1), store.update("port", "a", 2),
+            store.update("port", "a", 3), store.delete("port", "a")]
+    assert [o.version for o in made] == [2**53 - 2, 2**53 - 1, 2**53, 2**53 + 1, 2**53 + 2]
+    assert [e.revision for e in store.read_feed(2**53 - 3)] == [o.version for o in made]
+    store.close()
+
+
 def _child_writes(store: RedisStore, result: "multiprocessing.Queue[int]") -> None:
     result.put(store.create("port", "from-child", 1).version)
     store.close()
