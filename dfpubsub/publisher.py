@@ -3,16 +3,31 @@
 Every event gets the next sequence number of its topic. Batching adapts to the
 load, as Nagle's algorithm does: while the traffic is light (at most
 ``_BATCH_FROM`` events in a ``_WINDOW`` of time, what controllers mostly see,
-and after any quiet spell) and the transport keeps up (sending took at most
-half of the window) an event leaves at once, in an envelope of its own, with
-the latency of an unbatched send. Beyond that, events of a topic are gathered
-into one envelope until ``batch_max_events`` or ``batch_max_bytes`` is reached
-or ``batch_linger`` has passed since the first one, so a busy publisher, or one
-on a slow transport, sends full envelopes as before; a window that was busy
-keeps the next one batching from its first event. A linger of 0 turns
-batching off. A background thread flushes lingering batches and sends a hello
-when the publisher starts, when a new subscriber appears, and whenever its
-quietest topic has been silent for ``max_idle_time`` since the last hello.
+and after any quiet spell), the transport keeps up (sending took at most half
+of the window) and it holds nothing unwritten, an event leaves at once, in an
+envelope of its own, with the latency of an unbatched send. Beyond that, events
+of a topic are gathered into one envelope until ``batch_max_events`` or
+``batch_max_bytes`` is reached or ``batch_linger`` has passed since the first
+one, so a busy publisher, or one on a slow transport, sends full envelopes as
+before. A linger of 0 turns batching off.
+
+The signals rise when batching is needed, never fall because the machine is
+busy: the time spent sending (all of it on a transport whose send waits for a
+server, where a publisher starved of CPU waits longest), what each envelope
+costs the server and the subscribers (``PublisherTransport.envelope_cost``),
+and envelopes the transport holds unwritten (``backlog``). A publisher starved
+of CPU publishes in spells between long waits for the processor: a busy window
+keeps the windows after it batching across such gaps, up to ``_QUIET``, so
+that each spell does not start with envelopes of one event; any publish
+flushes the batches that outlived their linger, so the tail of a spell does not
+wait for a background thread the machine runs late. Batches due
+together leave together (``send_many``: one round trip on Redis), and where
+sends are round trips that envelopes can share, a full batch takes the other
+pending ones along.
+
+A background thread flushes lingering batches and sends a hello when the
+publisher starts, when a new subscriber appears, and whenever its quietest
+topic has been silent for ``max_idle_time`` since the last hello.
 """
 
 from __future__ import annotations
@@ -53,6 +68,10 @@ _BATCH_FROM = 30
 #: a server (Redis' XADD) or for room (etcd's group commit) would otherwise hold the rate
 #: under ``_BATCH_FROM`` by its own slowness and never batch.
 _SENDING = _WINDOW / 2
+#: A busy window keeps the next one batching unless this long passed without a send in
+#: between: a publisher that sixteen subscribers starve of CPU runs for a few milliseconds
+#: every ten or twenty, and must not start each run with envelopes of one event.
+_QUIET = 0.025
 #: The longest wait before the background thread restarts after an unexpected error (seconds).
 _RESTART_MAX = 5.0
 
@@ -119,6 +138,12 @@ class Publisher:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._max_events = 1 if self.options.batch_linger <= 0 else self.options.batch_max_events
+        #: What the transport says an envelope costs (PublisherTransport).
+        self._cost = transport.envelope_cost
+        self._waits = transport.send_waits
+        #: Each send is a round trip and several envelopes can share one (Redis' pipeline): when a
+        #: full batch must go, the other pending ones go with it rather than each in a trip of its own.
+        self._coalesce = self._waits and type(transport).send_many is not PublisherTransport.send_many
         self._topics: dict[str, _Topic] = {}
         #: Topics with a pending batch.
         self._pending: dict[str, _Topic] = {}
@@ -191,17 +216,21 @@ class Publisher:
             except (TypeError, ValueError, OverflowError) as exc:
                 raise InvalidEvent(f"event {table}/{key} is not serialisable: {exc}") from exc
             size = len(packed)
-            events = st.events
             now = time.monotonic()
+            if now >= self._due:
+                # A batch outlived its linger: the background thread is late (a busy caller holds
+                # the GIL for whole switch intervals, a loaded machine runs it late) or asleep.
+                self._flush_due(now)
+            events = st.events
             if now >= self._window_end:
                 # A busy window keeps the next one batching from its start, unless a quiet spell
                 # followed it (a send that outlasted the window is no quiet spell).
                 self._busy = (self._in_window > _BATCH_FROM or self._sending > _SENDING) and (
-                    now < self._window_end + _WINDOW or now - self._last_send < _WINDOW)
+                    now - self._last_send < _QUIET)
                 self._window_end, self._in_window, self._sending = now + _WINDOW, 0, 0.0
             self._in_window += 1
             light = events is None and not self._busy and self._in_window <= _BATCH_FROM and \
-                self._sending <= _SENDING
+                self._sending <= _SENDING and not self.transport.backlog
             if events is None or st.size + size > st.limit:
                 # limit <= room: an event too large for any envelope never fits the current one.
                 if size > st.room:
@@ -212,8 +241,10 @@ class Publisher:
             seq = st.seq = st.seq + 1
             events.append(packed)
             st.size += size
-            if light or len(events) >= self._max_events:
+            if light:
                 self._flush_topic(topic)
+            elif len(events) >= self._max_events:
+                self._flush_full(topic)
             elif self._ticker_asleep:
                 # Waking a thread costs a GIL hand-off: only the first batch after a
                 # quiet spell does; while batches keep coming the thread polls.
@@ -263,7 +294,7 @@ class Publisher:
             if self._closed:
                 return
             self._flush_all()
-            self._send(CONTROL_TOPIC, encode_bye(Bye(self.id, self.name, time.time(), self._sequences())))
+            self._control(encode_bye(Bye(self.id, self.name, time.time(), self._sequences())))
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=5)
@@ -291,11 +322,7 @@ class Publisher:
     def _open_batch(self, topic: str, st: _Topic, now: float) -> list[bytes]:
         """Send the topic's full batch if any, start its next one; return the new batch's events."""
         if st.events is not None:
-            self._flush_topic(topic)
-        if now >= self._due:
-            # A busy caller holds the GIL for whole switch intervals (5 ms): flush
-            # what lingered long enough here rather than wait for the thread.
-            self._flush_due(now)
+            self._flush_full(topic)
         events: list[bytes] = []
         st.events, st.first, st.size = events, st.seq + 1, 0
         st.deadline = now + self.options.batch_linger
@@ -305,52 +332,104 @@ class Publisher:
         return events
 
     def _flush_all(self) -> None:
-        for topic in list(self._pending):
+        self._flush_topics(list(self._pending))
+
+    def _flush_full(self, topic: str) -> None:
+        """Send ``topic``'s full batch (with every pending one, where they can share its round trip)."""
+        if self._coalesce:
+            self._flush_all()
+        else:
             self._flush_topic(topic)
 
     def _flush_due(self, now: float) -> float:
         """Flush the batches whose linger has passed; return the next deadline (or inf)."""
         due = float("inf")
-        for topic, st in list(self._pending.items()):
+        ready = []
+        for topic, st in self._pending.items():
             if st.deadline <= now:
-                self._flush_topic(topic)
+                ready.append(topic)
             elif st.deadline < due:
                 due = st.deadline
+        self._flush_topics(ready)
         self._due = due
         return due
+
+    def _flush_topics(self, topics: list[str]) -> None:
+        """Send the pending batches of ``topics`` together (in one request where the transport can)."""
+        if len(topics) < 2:
+            for topic in topics:
+                self._flush_topic(topic)
+            return
+        sent_at = time.time()
+        batches: list[tuple[str, int]] = []
+        frames: list[tuple[str, bytes]] = []
+        for topic in topics:
+            st = self._pending.pop(topic)
+            events, st.events = st.events, None
+            assert events is not None
+            batches.append((topic, len(events)))
+            frames.append((topic, encode_batch(st, st.first, sent_at, events)))
+        start = time.monotonic()
+        try:
+            errors = self.transport.send_many(frames)
+        finally:
+            self._sent(start, len(frames))
+        for (topic, count), error in zip(batches, errors):
+            self._counted(topic, count, error)
 
     def _flush_topic(self, topic: str) -> None:
         st = self._pending.pop(topic)
         events, st.events = st.events, None
         assert events is not None
-        if self._send(topic, encode_batch(st, st.first, time.time(), events)):
-            self.stats.inc("events_out", len(events))
+        self._counted(topic, len(events), self._send(topic, encode_batch(st, st.first, time.time(), events)))
+
+    def _counted(self, topic: str, count: int, error: TransportError | None) -> None:
+        """Count an envelope of ``count`` events as sent, or as lost to ``error``."""
+        if error is None:
+            self.stats.inc("events_out", count)
             self.stats.inc("envelopes_out")
         else:
-            self.stats.inc("drops", len(events), reason="send_failed")
+            self._failed(topic, error)
+            self.stats.inc("drops", count, reason="send_failed")
         self._topic_sent[topic] = self._last_send
 
-    def _send(self, topic: str, frame: bytes) -> bool:
+    def _failed(self, topic: str, error: TransportError) -> None:
+        self.stats.inc("send_errors")
+        self._send_log.warning("send", "publish failed; subscribers will resync", topic=topic, error=str(error))
+
+    def _send(self, topic: str, frame: bytes) -> TransportError | None:
+        """Send one frame; return the error that lost it, if any."""
         start = time.monotonic()
         try:
             self.transport.send(topic, frame)
         except TransportError as exc:
-            self.stats.inc("send_errors")
-            self._send_log.warning("send", "publish failed; subscribers will resync", topic=topic, error=str(exc))
-            return False
+            return exc
         finally:
-            self._last_send = end = time.monotonic()
-            # Capped: a send the OS preempted is no slow transport (a transport that blocks
-            # now and then, as etcd's group commit does, batches by the event count instead).
-            self._sending += min(end - start, _SENDING / 2)
-        return True
+            self._sent(start, 1)
+        return None
+
+    def _sent(self, start: float, envelopes: int) -> None:
+        """Count the time of a send that began at ``start`` and the cost of its ``envelopes``."""
+        self._last_send = end = time.monotonic()
+        spent = end - start
+        if not self._waits:
+            # A send the OS preempted is no slow transport: capped, unless it waits for a server.
+            spent = min(spent, _SENDING / 2)
+        self._sending += spent + envelopes * self._cost
+
+    def _control(self, frame: bytes) -> bool:
+        """Send a hello or a bye; return whether it went."""
+        error = self._send(CONTROL_TOPIC, frame)
+        if error is not None:
+            self._failed(CONTROL_TOPIC, error)
+        return error is None
 
     def _send_hello(self, reason: str) -> None:
         self._flush_all()
         sent = True
         hello = Hello(self.id, self.name, time.time(), self._sequences(), reason, self.options.max_idle_time, self._host)
         for part in hello_parts(hello, self.options.max_message_bytes):
-            sent &= self._send(CONTROL_TOPIC, encode_hello(part))
+            sent &= self._control(encode_hello(part))
         if sent:
             self.stats.inc("hellos_out", reason=reason)
         self._last_hello = time.monotonic()

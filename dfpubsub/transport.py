@@ -12,7 +12,7 @@ import abc
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import ConfigError
+from .errors import ConfigError, TransportError
 from .metrics import Stats
 
 if TYPE_CHECKING:
@@ -22,7 +22,40 @@ __all__ = ["Driver", "IngressTransport", "PublisherTransport", "SubscriberTransp
 
 
 class PublisherTransport(abc.ABC):
-    """Sends frames. The core calls it under one lock, so it need not be thread-safe."""
+    """Sends frames. The core calls it under one lock, so it need not be thread-safe.
+
+    The class attributes tell the core's batching what an envelope costs
+    (:mod:`dfpubsub.publisher`).
+    """
+
+    #: Seconds of work one envelope costs beyond this process, whatever its size: a server's
+    #: write and every subscriber's read of it (Redis, etcd). The publisher counts it with the
+    #: time ``send()`` took when it decides whether to batch.
+    envelope_cost: ClassVar[float] = 0.0
+    #: Whether ``send()`` waits for a server's reply (or for room behind the write in flight):
+    #: then all of its time counts as sending. Otherwise a long send was the OS preempting the
+    #: process, not a slow transport, and counts only up to a bound.
+    send_waits: ClassVar[bool] = False
+
+    @property
+    def backlog(self) -> int:
+        """Envelopes accepted by :meth:`send` and not yet written (a transport that writes from a
+        thread of its own): while there are any, a new envelope would wait behind them anyway, so
+        the publisher batches."""
+        return 0
+
+    def send_many(self, frames: list[tuple[str, bytes]]) -> list[TransportError | None]:
+        """Send ``(topic, frame)`` pairs in order, as :meth:`send` would one by one; return, for
+        each, None or the error that lost it. A transport that can write them in one request
+        (one round trip to a server) overrides it."""
+        errors: list[TransportError | None] = []
+        for topic, frame in frames:
+            try:
+                self.send(topic, frame)
+                errors.append(None)
+            except TransportError as exc:
+                errors.append(exc)
+        return errors
 
     @abc.abstractmethod
     def send(self, topic: str, frame: bytes) -> None:

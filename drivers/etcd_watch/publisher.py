@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 __all__ = ["EtcdPublisher"]
 
 _TXN_BYTES = 1 << 20  # most envelope bytes in one transaction: below etcd's default --max-request-bytes, 1.5 MiB
+#: What an envelope costs etcd and the watchers beyond the publisher: a key written through raft
+#: and the MVCC store (and expired with its lease), and an event in every watcher's stream.
+_ENVELOPE_COST = 50e-6
 
 
 class EtcdPublisher(PublisherTransport):
@@ -34,6 +37,9 @@ class EtcdPublisher(PublisherTransport):
     transaction that fails loses its envelopes (the subscribers see the gap):
     the next ``send()`` raises the error and is dropped too.
     """
+
+    envelope_cost = _ENVELOPE_COST
+    send_waits = True  # for room, when the next transaction is full
 
     def __init__(self, url: str, opts: EtcdWatchOptions, stats: Stats):
         self.stats = stats
@@ -61,6 +67,10 @@ class EtcdPublisher(PublisherTransport):
     @property
     def uri(self) -> str:
         return self._url
+
+    @property
+    def backlog(self) -> int:
+        return len(self._queue)  # read without the lock: a hint, and the list is replaced whole
 
     def send(self, topic: str, frame: bytes) -> None:
         prefix = self._prefixes.get(topic)

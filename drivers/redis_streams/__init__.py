@@ -4,7 +4,8 @@ Layout. Each topic is one stream, ``{prefix}:ps:{topic}``; the control topic is
 ``{prefix}:ps:$ctl`` (topics never start with ``$``, so it cannot collide). An
 entry has one field, ``e``, holding the envelope bytes. Publishers append with
 ``XADD key MAXLEN ~ maxlen * e <frame>``, one command per envelope (the core
-already packs up to ``batch_max_events`` events into one). ``{prefix}:ps:$joins``
+already packs up to ``batch_max_events`` events into one); envelopes the core
+flushes together (several topics' batches) go in one pipelined round trip. ``{prefix}:ps:$joins``
 counts subscribers that joined: a subscriber increments it once its control
 stream is in place, and publishers poll it (at most every 0.1 s) so that they
 greet newcomers with a hello at once, as over ZeroMQ.

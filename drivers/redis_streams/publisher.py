@@ -1,4 +1,5 @@
-"""The Redis publisher transport: XADD per envelope, fail-fast backoff, and the join counter."""
+"""The Redis publisher transport: XADD per envelope (pipelined when several leave together), fail-fast
+backoff, and the join counter."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from dfpubsub.backends import foreign
 from dfpubsub.errors import ClosedError, TransportError
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
 
 #: How often a publisher looks at the join counter (seconds).
 _JOIN_POLL = 0.1
+#: What an envelope costs Redis beyond the XADD's round trip: the write, and a reply to every
+#: subscriber blocked in XREAD on the stream (2.5-3 µs of Redis CPU per envelope with one
+#: subscriber, tens of µs with sixteen, each of which also wakes for it).
+_ENVELOPE_COST = 50e-6
 
 
 def _count(reply: bytes | None) -> int:
@@ -33,6 +38,9 @@ def _count(reply: bytes | None) -> int:
 
 class _RedisPublisher(PublisherTransport):
     """One connection, used under the publisher's lock only."""
+
+    envelope_cost = _ENVELOPE_COST
+    send_waits = True
 
     def __init__(self, url: str, pool: redis.ConnectionPool, opts: RedisStreamsOptions, stats: Stats):
         self.stats = stats
@@ -57,34 +65,57 @@ class _RedisPublisher(PublisherTransport):
         return self._uri
 
     def _command(self, *args: bytes) -> Any:
+        return self._pipeline([args])[0]
+
+    def _pipeline(self, commands: list[tuple[bytes, ...]]) -> list[Any]:
+        """Send ``commands`` in one round trip; return their replies, an error reply as a TransportError."""
         if self._closed:
             raise ClosedError("redis publisher is closed")
         now = time.monotonic()
         if now < self._backoff.until:
             raise TransportError(f"redis at {self._uri} is unreachable; retrying in {self._backoff.until - now:.2f}s")
+        replies: list[Any] = []
         try:
-            self._conn.send_command(*args)
-            reply = self._conn.read_response()
+            conn = self._conn
+            conn.send_packed_command(conn.pack_commands(commands) if len(commands) > 1 else
+                                     conn.pack_command(*commands[0]))
+            for _ in commands:  # every reply, errors included, to keep the connection in step
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as exc:  # an error reply (OOM, WRONGTYPE, ...): the connection is fine
+                    replies.append(TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}"))
         except _DISCONNECTED as exc:
             self._conn.disconnect()
             self._backoff.failed(time.monotonic())
             self._warn.warning("disconnected", "redis publisher lost its connection", uri=self._uri, error=str(exc))
             raise TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}") from exc
-        except RedisError as exc:  # an error reply (OOM, WRONGTYPE, ...): the connection is fine
+        except RedisError as exc:
             raise TransportError(f"redis at {self._uri}: {type(exc).__name__}: {exc}") from exc
         self._backoff.reset()
-        return reply
+        if len(commands) == 1 and isinstance(replies[0], TransportError):
+            raise replies[0]
+        return replies
 
     def _joins_now(self) -> int | None:
         """The join counter; None (skipped, counted) when another writer left something else there."""
         reply = self._command(b"GET", self._joins_key)
         return foreign.decode("driver_control_key", self._joins_key, _count, reply)
 
-    def send(self, topic: str, frame: bytes) -> None:
+    def _xadd(self, topic: str, frame: bytes) -> tuple[bytes, ...]:
         key = self._keys.get(topic)
         if key is None:
             key = self._keys[topic] = (self._prefix + topic).encode()
-        self._command(b"XADD", key, b"MAXLEN", b"~", self._maxlen, b"*", b"e", frame)
+        return b"XADD", key, b"MAXLEN", b"~", self._maxlen, b"*", b"e", frame
+
+    def send(self, topic: str, frame: bytes) -> None:
+        self._command(*self._xadd(topic, frame))
+
+    def send_many(self, frames: list[tuple[str, bytes]]) -> list[TransportError | None]:
+        try:
+            replies = self._pipeline([self._xadd(topic, frame) for topic, frame in frames])
+        except TransportError as exc:
+            return [exc] * len(frames)
+        return [r if isinstance(r, TransportError) else None for r in replies]
 
     def new_subscribers(self) -> int:
         now = time.monotonic()

@@ -19,7 +19,9 @@ from dfpubsub import (
     load_driver,
 )
 from dfpubsub.metrics import Stats
+from dfpubsub.publisher import _BATCH_FROM, _QUIET
 from dfpubsub.testing import LossyTransport, drop_nth
+from dfpubsub.transport import PublisherTransport
 from tests.conftest import wait_for
 
 _bus = itertools.count()
@@ -124,7 +126,7 @@ def test_batching_adapts_to_the_rate(driver):
     assert pub.stats.get("envelopes_out") < 100
     assert [e.seq for e in node.events] == list(range(1, 2002))
     # After a quiet spell, traffic is light again.
-    wait_for(lambda: time.monotonic() > pub._window_end + 0.002, what="a quiet spell")
+    wait_for(lambda: time.monotonic() > max(pub._window_end, pub._last_send + _QUIET) + 0.002, what="a quiet spell")
     sent = pub.stats.get("envelopes_out")
     pub.publish("t", "tbl", "k", "update", 3000)
     assert pub.stats.get("envelopes_out") == sent + 1
@@ -388,6 +390,161 @@ def test_a_slow_transport_makes_the_publisher_batch(driver):
     assert pub.stats.get("envelopes_out") < 100  # unbatched it would take 1000 sends, 0.2 s
     pub.close()
     node.sub.close()
+
+
+class Signals(PublisherTransport):
+    """A real memory transport declaring the cost signals a driver declares, counting its requests
+    (a send, or a send_many of several envelopes at once)."""
+
+    def __init__(self, inner, delay=0.0, backlog=0):
+        self.inner, self.delay, self._backlog, self.requests = inner, delay, backlog, 0
+
+    @property
+    def backlog(self):
+        return self._backlog
+
+    def send(self, topic, frame):
+        self.requests += 1
+        if self.delay:
+            time.sleep(self.delay)  # a round trip, and the wait for the CPU of a starved process
+        self.inner.send(topic, frame)
+
+    def send_many(self, frames):
+        self.requests += 1
+        for topic, frame in frames:
+            self.inner.send(topic, frame)
+        return [None] * len(frames)
+
+    def close(self):
+        self.inner.close()
+
+
+class ServerRoundTrips(Signals):
+    send_waits = True
+
+
+class ServerWrites(Signals):
+    envelope_cost = 200e-6
+
+
+def burst(pub, n):
+    for i in range(n):
+        pub.publish("t", "tbl", f"k{i}", "update", i + 1)
+
+
+def signalled(driver, cls, linger=0.002, **kwargs):
+    stats = Stats("p", "p")
+    transport = cls(driver.publisher(stats), **kwargs)
+    return Publisher(transport, "pub", PublisherOptions(batch_linger=linger), stats), transport
+
+
+def test_a_publisher_starved_while_it_waits_for_its_server_batches(driver):
+    """Sixteen subscribers on two cores: each XADD's round trip ends only when the publisher gets
+    the CPU again, milliseconds later; its rate falls to one event per send. Every send's whole
+    time counts on a transport that waits for a server, so it batches (it sent every event alone)."""
+    node = Node(driver, ["t"])
+    node.sub.start()
+    pub, _ = signalled(driver, ServerRoundTrips, delay=0.002)
+    burst(pub, 200)
+    pub.flush()
+    wait_for(lambda: len(node.events) == 200, timeout=5, what="every event")
+    assert pub.stats.get("envelopes_out") < 20
+    assert [e.seq for e in node.events] == list(range(1, 201))
+    pub.close()
+    # A transport that does not wait (ZeroMQ): a long send is the OS preempting the process,
+    # no reason to batch light traffic.
+    pub, _ = signalled(driver, Signals, delay=0.002)
+    burst(pub, 20)
+    assert pub.stats.get("envelopes_out") == 20
+    pub.close()
+    node.sub.close()
+
+
+def test_a_busy_spell_keeps_batching_across_a_short_gap(driver):
+    """A publisher starved of CPU publishes in spells: a gap shorter than _QUIET after a busy window
+    (the wait for the CPU) keeps it batching; a longer quiet spell makes traffic light again."""
+    pub = publisher(driver, batch_linger=1.0)
+
+    def busy_window_ended(ago):
+        with pub._lock:
+            pub._in_window, pub._window_end = _BATCH_FROM + 1, time.monotonic() - ago
+            pub._last_send = pub._window_end
+
+    busy_window_ended(0.005)  # five windows ago: the process waited for the CPU since
+    sent = pub.stats.get("envelopes_out")
+    pub.publish("t", "tbl", "k", "update", 1)
+    assert pub.stats.get("envelopes_out") == sent  # batched: its linger is 1 s
+    pub.flush()
+    busy_window_ended(_QUIET + 0.005)
+    sent = pub.stats.get("envelopes_out")
+    pub.publish("t", "tbl", "k", "update", 2)
+    assert pub.stats.get("envelopes_out") == sent + 1
+    pub.close()
+
+
+def test_envelope_cost_and_backlog_switch_batching_on(driver):
+    # Each envelope costs the server 0.2 ms: after three in a millisecond the rest are batched.
+    pub, _ = signalled(driver, ServerWrites, linger=1.0)
+    burst(pub, 25)  # under the light-traffic rate, which alone sent every one at once
+    pub.flush()
+    assert pub.stats.get("envelopes_out") <= 6
+    pub.close()
+    # Envelopes wait unwritten in the transport: a new one would wait behind them anyway.
+    pub, _ = signalled(driver, Signals, linger=1.0, backlog=1)
+    burst(pub, 10)
+    assert pub.stats.get("envelopes_out") == 0
+    pub.flush()
+    assert pub.stats.get("envelopes_out") == 1 and pub.stats.get("events_out") == 10
+    pub.close()
+
+
+def test_batches_due_together_leave_in_one_request(driver):
+    node = Node(driver, ["a", "b", "c", "d"])
+    node.sub.start()
+    pub, transport = signalled(driver, Signals, linger=1.0, backlog=1)  # batching from the first event
+    requests = transport.requests
+    for i, topic in enumerate("abcd" * 3):
+        pub.publish(topic, "tbl", f"k{i}", "update", i + 1)
+    pub.flush()
+    assert transport.requests == requests + 1 and pub.stats.get("envelopes_out") == 4
+    wait_for(lambda: len(node.events) == 12, what="every event")
+    assert {e.topic: e.seq for e in node.events} == {"a": 3, "b": 3, "c": 3, "d": 3}
+    pub.close()
+    node.sub.close()
+
+
+def test_a_full_batch_takes_the_pending_ones_along_where_they_can_share_its_round_trip(driver):
+    node = Node(driver, ["a", "b", "c", "d"])
+    node.sub.start()
+    stats = Stats("p", "p")
+    transport = ServerRoundTrips(driver.publisher(stats), backlog=1)  # batching from the first event
+    pub = Publisher(transport, "pub", PublisherOptions(batch_max_events=4, batch_linger=1.0), stats)
+    requests = transport.requests
+    for i, topic in enumerate("abcd" * 4):
+        pub.publish(topic, "tbl", f"k{i}", "update", i + 1)
+    # "a" filled up first, with three events in each other batch: all four left in one request.
+    assert transport.requests == requests + 1 and pub.stats.get("envelopes_out") == 4
+    pub.flush()
+    assert transport.requests == requests + 2 and pub.stats.get("events_out") == 16
+    wait_for(lambda: len(node.events) == 16, what="every event")
+    assert all([e.seq for e in node.events if e.topic == t] == [1, 2, 3, 4] for t in "abcd")
+    pub.close()
+    node.sub.close()
+
+
+def test_a_batch_past_its_linger_leaves_with_the_next_publish(driver):
+    """The background thread runs late on a loaded machine: a batch that outlived its linger
+    goes with the next publish instead of waiting for it."""
+    pub = publisher(driver, batch_linger=1.0)
+    with pub._lock:  # a busy window just ended: batch
+        pub._in_window, pub._window_end = _BATCH_FROM + 1, time.monotonic()
+        pub._last_send = pub._window_end
+    pub.publish("a", "tbl", "k0", "update", 1)
+    with pub._lock:
+        pub._topics["a"].deadline = pub._due = time.monotonic() - 0.01
+    pub.publish("a", "tbl", "k1", "update", 2)
+    assert pub.stats.get("envelopes_out") == 1 and pub.stats.get("events_out") == 1
+    pub.close()
 
 
 def test_a_batch_handler_gets_each_envelope_at_once_and_a_failure_resyncs_its_topic(driver):

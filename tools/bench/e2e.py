@@ -20,6 +20,8 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
+from latency_parts import GcPauses, Stamps, describe, instrument, p50_p99, parts_ms
+
 from dfpubsub.codec import pack_event
 from dfpubsub.events import Event
 from dfpubsub.metrics import Stats
@@ -45,10 +47,14 @@ while len(pack_event(TABLE, KEYS[0], "update", 123_456, VALUE, time.time())) < E
 
 def send_loop(burst: Callable[[int, int], None], seconds: float, rate: float) -> dict[str, Any]:
     """Call ``burst(i, n)`` (send events i..i+n-1) flat out (rate <= 0) or at ``rate``/s in 1 ms
-    bursts; return the count, the wall time and the CPU used (in cores)."""
+    bursts; return the count, the wall time, the CPU used (in cores) and, paced, the harness's own
+    tail: how much later than asked each sleep between ticks ended (``late``), and the burst sizes
+    (``bursts``; a late tick sends a bigger one, which can switch batching on)."""
     clock, i, cpu0 = time.perf_counter, 0, time.process_time()
     start = next_tick = clock()
     end = start + seconds
+    late: list[float] = []
+    bursts: list[float] = []
     while (now := clock()) < end:
         if rate <= 0:
             burst(i, 64)
@@ -57,11 +63,16 @@ def send_loop(burst: Callable[[int, int], None], seconds: float, rate: float) ->
         due = int((now - start) * rate)
         if due > i:
             burst(i, due - i)
+            bursts.append(due - i)
             i = due
         next_tick += 0.001
-        time.sleep(max(0.0, next_tick - clock()))
+        wait = next_tick - clock()
+        if wait > 0:
+            time.sleep(wait)
+            late.append(clock() - next_tick)
     elapsed = clock() - start
-    return {"sent": i, "elapsed": elapsed, "cpu": (time.process_time() - cpu0) / elapsed}
+    return {"sent": i, "elapsed": elapsed, "cpu": (time.process_time() - cpu0) / elapsed,
+            "late": p50_p99(late, 1e3), "bursts": p50_p99(bursts)}
 
 
 def warm_up(publish: Callable[..., int], warm: MpEvent) -> Callable[[int, int], None]:
@@ -145,6 +156,9 @@ class Recorder:
         self.count = self.warm_count = self.last_count = 0
         self.first = self.last = 0.0  # clock at the first and at the last sampled event
         self.latencies: list[float] = []
+        #: With ``stamps`` (latency_parts.instrument), each sampled latency's parts.
+        self.stamps: Stamps | None = None
+        self.parts: list[tuple[float, float, float]] = []
         self.delivered: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
         self.requests: list[ResyncRequest] = []
 
@@ -163,6 +177,9 @@ class Recorder:
                 self.first = t
             self.last, self.last_count = t, self.count
             self.latencies.append(t - event.timestamp)
+            if self.stamps is not None:
+                queued = self.stamps.current
+                self.parts.append((event.sent_at - event.timestamp, queued - event.sent_at, t - queued))
 
     def rate(self) -> float:
         """Events handled per second between the first and the last sampled one."""
@@ -216,8 +233,8 @@ def account(rec: Recorder, reports: list[dict[str, Any]],
 
 def percentiles_ms(latencies: list[float]) -> dict[str, float]:
     """``p50_ms`` and ``p99_ms`` of latencies given in seconds."""
-    lat = sorted(latencies)
-    return {"p50_ms": lat[len(lat) // 2] * 1e3 if lat else 0.0, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3 if lat else 0.0}
+    found = p50_p99(latencies, 1e3)
+    return {"p50_ms": found.get("p50", 0.0), "p99_ms": found.get("p99", 0.0)}
 
 
 def stop_all(procs: list[BaseProcess]) -> None:
@@ -235,6 +252,8 @@ def sub_worker(conn: Connection, warm: MpEvent, spec: DriverSpec) -> None:
     transport = load_driver(spec.sub_url, spec.options).subscriber(stats)
     sub = Subscriber(transport, TOPICS, rec.on_event, rec.on_resync, SubscriberOptions(), "bench-sub",
                      rec.requests.append, stats)
+    rec.stamps = instrument(sub)
+    pauses = GcPauses()
     endpoint = conn.recv()
     if spec.connect:
         sub.connect(endpoint)
@@ -246,6 +265,7 @@ def sub_worker(conn: Connection, warm: MpEvent, spec: DriverSpec) -> None:
     conn.send({
         "delivered": rec.count, "rate": rec.rate(), **percentiles_ms(rec.latencies),
         "lost_undetected": lost, "duplicates": dups, "cpu": cpu, "stats": stats.snapshot(),
+        "parts": parts_ms(rec.parts), "gc": pauses.report(),
         "requests": dict(Counter(f"{r.reason}{'' if r.missing else ' (no range)'}" for r in rec.requests)),
     })
 
@@ -259,6 +279,8 @@ def run_phase(ctx: ForkServerContext, label: str, seconds: float, rate: float, s
     print(f"[{label}] lost_undetected {res['lost_undetected']}, duplicates {res['duplicates']}, resync requests "
           f"{res['requests'] or 'none'}\n[{label}] publisher {pub['stats']}\n[{label}] subscriber {res['stats']}",
           flush=True)
+    if rate > 0:
+        print(describe(label, res["parts"], res["gc"], pub["late"], pub["bursts"]), flush=True)
     return res
 
 

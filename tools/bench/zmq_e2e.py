@@ -14,6 +14,10 @@ TCP, with ~200-byte events round-robin on four topics:
   reads the clock on the same events). This is the latency of light traffic, the
   one controllers mostly see.
 
+Paced phases also print where the latency goes (latency_parts.py): batching,
+transport and dispatch parts, the subscriber's GC pauses, and the harness's own
+pacing lateness, reported apart.
+
 After each full-stack phase the publisher flushes, closes (bye) and reports its
 final sequences; the subscriber waits until every (topic, seq) sent was delivered
 or lies in the ``missing`` range of a ResyncRequest. The rest is ``lost_undetected``
@@ -48,6 +52,7 @@ from e2e import (
     run_phase,
     send_loop,
 )
+from fanout_raw import zmq_sub_socket
 
 LOW_RATE = 10_000  # events/s of phase 3
 
@@ -80,12 +85,7 @@ def base_pub_worker(conn: Connection, warm: MpEvent, seconds: float, rate: float
 
 def base_sub_worker(conn: Connection, warm: MpEvent) -> None:
     """Raw SUB socket: recv_multipart + unpackb per message, until the publisher is done and idle."""
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
-    sock.setsockopt(zmq.RCVHWM, HWM)
-    sock.setsockopt(zmq.RCVTIMEO, 100)
-    for topic in (b"warm", *(t.encode() for t in TOPICS)):
-        sock.setsockopt(zmq.SUBSCRIBE, topic)
-    sock.connect(conn.recv())
+    sock: zmq.Socket[bytes] = zmq_sub_socket(conn.recv(), 100)
     recv, unpackb, now = sock.recv_multipart, msgpack.unpackb, time.time
     count = last_count = size = 0
     first = last = 0.0
@@ -148,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         "p50_ms": round(paced["p50_ms"], 3), "p99_ms": round(paced["p99_ms"], 3),
         "low_rate_p50_ms": round(low["p50_ms"], 3), "low_rate_p99_ms": round(low["p99_ms"], 3),
         "baseline_low_rate_p50_ms": round(base_low["p50_ms"], 3),
-        "baseline_low_rate_p99_ms": round(base_low["p99_ms"], 3), "lost_undetected": lost,
+        "baseline_low_rate_p99_ms": round(base_low["p99_ms"], 3),
+        "p99_parts_ms": {k: round(v["p99"], 3) for k, v in paced["parts"].items()},
+        "low_rate_p99_parts_ms": {k: round(v["p99"], 3) for k, v in low["parts"].items()},
+        "low_rate_gc_max_ms": round(low["gc"]["gc_max_ms"], 3), "lost_undetected": lost,
     }), flush=True)
     return 0 if lost == 0 else 1
 

@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import signal
 import threading
 import time
 import urllib.request
@@ -21,6 +22,7 @@ from dfpubsub import (
 )
 from dfpubsub.codec import BatchHeader, encode_batch, pack_event
 from dfpubsub.metrics import Stats
+from dfpubsub.publisher import _QUIET
 from dfpubsub.testing.servers import free_port
 from dfpubsub.transport import SubscriberTransport
 from tests.conftest import wait_for
@@ -354,6 +356,30 @@ def test_envelopes_queued_during_a_write_go_in_order_in_one_transaction(etcd_ser
     assert 500 / 16 <= writes <= 100, writes
     transport.close()
     sub.close()
+
+
+def test_light_traffic_is_batched_while_envelopes_wait_unwritten_behind_a_stalled_etcd(etcd_server):
+    """While a transaction hangs on etcd (SIGSTOP: a server starved or stuck), what the publisher
+    would send waits unwritten anyway: it batches instead of queueing an envelope per event."""
+    drv = driver(etcd_server)
+    pub = make_pub(drv, batch_linger=0.2)
+    sink = Sink.on(drv, ["t"]).start()
+    ready(pub, sink)
+    wait_for(lambda: time.monotonic() > pub._last_send + _QUIET, what="a quiet spell after the hellos")
+    os.kill(etcd_server.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(20):  # light traffic: 500 events/s at most
+            pub.publish("t", "tbl", f"k{i}", "update", i + 1)
+            time.sleep(0.002)
+        assert pub.transport.backlog > 0
+    finally:
+        os.kill(etcd_server.proc.pid, signal.SIGCONT)
+    pub.flush()
+    wait_for(lambda: len(sink.seqs("t")) == 20, what="every event once etcd runs again")
+    assert sink.seqs("t") == list(range(1, 21)) and sink.gaps == []
+    assert pub.stats.get("envelopes_out") < 10  # one an event before
+    pub.close()
+    sink.sub.close()
 
 
 def test_close_wakes_a_blocked_recv_and_later_calls_are_refused(shared_etcd):

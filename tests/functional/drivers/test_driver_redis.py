@@ -12,7 +12,7 @@ redis = pytest.importorskip("redis")
 from dfpubsub.drivers.redis_streams import RedisStreamsDriver  # noqa: E402
 
 from dfpubsub import ClosedError, ConfigError, Publisher, PublisherOptions  # noqa: E402
-from dfpubsub.codec import BatchHeader, encode_batch, pack_event  # noqa: E402
+from dfpubsub.codec import BatchHeader, decode, encode_batch, pack_event  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 from tests.functional.sink_helpers import (  # noqa: E402
@@ -291,6 +291,43 @@ def test_a_key_that_is_not_a_stream_is_left_out_and_the_rest_flows(shared_redis)
     assert recv_all(t, 1) == [b"a3"]
     assert lost == []
     t.close()
+    raw.close()
+
+
+def test_envelopes_due_together_go_in_one_round_trip_and_an_error_reply_loses_only_its_own(shared_redis):
+    prefix = new_prefix()
+    raw = redis.Redis.from_url(shared_redis.url)
+    raw.set(f"{prefix}:ps:b", "another application's string")  # XADD to it: WRONGTYPE
+    pub = make_pub(shared_redis, prefix, batch_linger=5.0)
+    conn = pub.transport._conn
+    writes = []
+    send_packed = conn.send_packed_command
+
+    def counted(command, *args, **kwargs):  # the real connection, its requests that write counted
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        if b"XADD" in packed:  # (not the background thread's poll of the join counter)
+            writes.append(packed)
+        return send_packed(command, *args, **kwargs)
+
+    conn.send_packed_command = counted
+    with pub._lock:  # as if the last window had been busy: every event waits in its batch
+        pub._busy, pub._window_end = True, float("inf")
+    for i, topic in enumerate("abc" * 4):
+        pub.publish(topic, "t", f"k{i}", "update", i + 1)
+    assert writes == []
+    pub.flush()
+    assert len(writes) == 1  # three XADDs, one request
+    assert pub.stats.get("envelopes_out") == 2 and pub.stats.get("events_out") == 8
+    assert pub.stats.get("drops", "send_failed") == 4 and pub.stats.get("send_errors") == 1
+    for topic in "ac":
+        (_, fields), = raw.xrange(f"{prefix}:ps:{topic}")
+        envelope = decode(fields[b"e"])
+        assert (envelope.topic, envelope.seq, envelope.count) == (topic, 1, 4)
+    # The connection is still in step: the next envelope's reply is its own.
+    pub.publish("a", "t", "k", "update", 99)
+    pub.flush()
+    assert raw.xlen(f"{prefix}:ps:a") == 2 and pub.stats.get("envelopes_out") == 3
+    pub.close()
     raw.close()
 
 
