@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,6 +46,14 @@ class Daemon(DaemonProcess):
         values = [float(line.split()[-1]) for line in page.splitlines() if line.startswith("dfpubsub_leader{")]
         return values[0] if values else None
 
+    def readyz(self) -> tuple[int, str]:
+        """(status, body) of /readyz."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
     def stop(self, timeout: float = 15) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -74,6 +83,8 @@ def leading_and_standing_by(start: Callable[[str], Daemon]) -> Iterator[tuple[Da
         wait_for(lambda: a.leader_gauge() == 1.0, timeout=STARTUP, what="a leading")
         b = start("b")
         wait_for(lambda: b.leader_gauge() == 0.0, timeout=STARTUP, what="b standing by, its gauge served")
+        status, body = b.readyz()  # a standby is not ready, and says why
+        assert status == 503 and "leader failed: standing by" in body, (status, body)
         yield a, b
     finally:
         for daemon in (a, b):
