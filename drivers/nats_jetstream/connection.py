@@ -80,6 +80,8 @@ class Connection:
         self._connecting: asyncio.Lock | None = None  # made on the loop, which it belongs to
         #: What NATS said last went wrong: nats-py retries a first connect forever and tells only this.
         self.last_error = ""
+        #: An error the server reported (not a socket's) is in last_error since the last connect.
+        self._server_said = False
         self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"dfpubsub-{name}", daemon=True)
@@ -136,9 +138,14 @@ class Connection:
         )
         self._js = self._nc.jetstream(timeout=self.timeout)
         self.last_error = ""
+        self._server_said = False
 
     async def _error(self, exc: Exception) -> None:
-        self.last_error = f"{type(exc).__name__}: {exc}"
+        # A server that refused the credentials then closes the connection: the socket errors that
+        # follow must not hide its word, which is what the operator has to act on.
+        if not isinstance(exc, OSError) or not self._server_said:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        self._server_said = self._server_said or not isinstance(exc, OSError)
         self._log.warning("error", "NATS connection error", uri=self.uri, error=f"{type(exc).__name__}: {exc}")
 
     async def _disconnected(self) -> None:
