@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 
 __all__ = ["NatsPublisher"]
 
+#: What an envelope costs beyond the publisher: a message written to the stream's file store and
+#: delivered to every subscriber's pull consumer, each of which also wakes for it.
+_ENVELOPE_COST = 50e-6
+#: Unacknowledged envelopes that are only the pipeline's usual depth: a publish goes out behind
+#: them without waiting, so counting them as backlog would hold light events for the linger for
+#: nothing. Beyond it the server is behind (starved, stalled).
+_AHEAD = 4
+
 
 class NatsPublisher(PublisherTransport):
     """Used under the publisher's lock only; the NATS work runs on the connection's loop.
@@ -41,6 +49,10 @@ class NatsPublisher(PublisherTransport):
     ``publish()``.
     """
 
+    envelope_cost = _ENVELOPE_COST
+    # send_waits stays False: send() waits for no acknowledgement (only for room behind
+    # max_inflight of them, which backlog reports first), so a long one was the OS preempting us.
+
     def __init__(self, url: str, opts: NatsOptions, stats: Stats, log: RateLimitedLog):
         self.stats = stats
         self._opts = opts
@@ -51,6 +63,9 @@ class NatsPublisher(PublisherTransport):
         self._backoff = Backoff(0.05, 1.0)
         self._slots = threading.BoundedSemaphore(opts.max_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
+        # Each counted by one thread only (send's, the loop's): their difference needs no lock.
+        self._sent = 0
+        self._settled = 0
         self._failure = ""  # why an envelope was lost since the last send (set on the loop)
         self._acked_at = 0.0  # when an acknowledgement last came (set on the loop)
         self._failed_at = 0.0
@@ -60,6 +75,13 @@ class NatsPublisher(PublisherTransport):
     @property
     def uri(self) -> str:
         return self._conn.uri
+
+    @property
+    def backlog(self) -> int:
+        """Envelopes sent and not yet acknowledged, when more than the pipeline's usual few: the
+        server is behind and the next one would queue behind them, so the publisher batches."""
+        waiting = self._sent - self._settled
+        return waiting if waiting > _AHEAD else 0
 
     def send(self, topic: str, frame: bytes) -> None:
         if self._closed:
@@ -86,6 +108,7 @@ class NatsPublisher(PublisherTransport):
         headers = {"Nats-Msg-Id": ident} if ident else None
         if not self._slots.acquire(timeout=self._opts.timeout):
             self._failed(now, f"NATS at {self.uri} acknowledged nothing for {self._opts.timeout:g} s")
+        self._sent += 1
         self._conn.loop.call_soon_threadsafe(self._start, subject, frame, headers)
 
     def _failed(self, now: float, error: str) -> NoReturn:
@@ -127,6 +150,7 @@ class NatsPublisher(PublisherTransport):
             self.stats.inc("drops", reason="unacknowledged")
             self._failure = f"{type(exc).__name__}: {exc}"
         finally:
+            self._settled += 1
             self._slots.release()
 
     def close(self) -> None:

@@ -1,5 +1,7 @@
 """A subscriber that records what it is handed, shared by the driver and service tests."""
 
+import os
+import signal
 import threading
 import time
 from contextlib import contextmanager
@@ -90,6 +92,19 @@ def publishing_forever(pub, topics="ab"):
     finally:
         stop.set()
         thread.join(5)
+
+
+def light_traffic_while_stopped(pub, server, events=20):
+    """Publish ``events`` on topic ``t`` at 500/s at most while ``server`` is stopped (SIGSTOP: a
+    server starved or stuck); return the publisher transport's backlog just before it resumes."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(events):
+            pub.publish("t", "tbl", f"k{i}", "update", i + 1)
+            time.sleep(0.002)
+        return pub.transport.backlog
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
 
 
 def assert_outage_accounted(pub, live, paused):

@@ -1,7 +1,7 @@
 """fanout: one publisher, 1, 4 and 16 subscriber processes, per driver, against the raw client.
 
-For each driver (ZeroMQ, Redis Streams, etcd watch; Redis and etcd as private
-servers on free loopback ports) and each number of subscriber processes, two
+For each driver (ZeroMQ, Redis Streams, etcd watch, NATS JetStream; Redis, etcd
+and NATS as private servers on free loopback ports) and each number of subscriber processes, two
 cells run back to back: the raw client of the backend doing the same fan-out
 (fanout_raw.py: one msgpack message per event), then the full dfpubsub stack
 (Publisher and Subscribers as a user configures them, defaults throughout).
@@ -11,7 +11,7 @@ One publisher process publishes ~200-byte events on four topics flat out for
 * events/s per subscriber (each subscriber's handled events over the time from
   its first to its last one; the median and the slowest subscriber);
 * subscriber CPU per event (median over the subscribers), the publisher's CPU per
-  event sent, and the server's CPU per event sent (Redis, etcd; read from /proc);
+  event sent, and the server's CPU per event sent (Redis, etcd, NATS; read from /proc);
 * the envelope size distribution (dfpubsub: events per envelope as subscriber 0
   saw them, the shares of events that travelled in envelopes of 1, 2-7, 8-31,
   32-127 and 128+ events);
@@ -21,7 +21,7 @@ One publisher process publishes ~200-byte events on four topics flat out for
 Last line: one JSON object; ``<driver>_ratio_<n>`` is dfpubsub's median rate per
 subscriber over the raw client's, same run. Targets at 16 subscribers: ratio >=
 1.5 on every driver, and ZeroMQ >= 27k, Redis >= 23k, etcd >= 23k events/s per
-subscriber on the 2-core development machine.
+subscriber on the 2-core development machine (NATS: no figure from before to hold).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
 from typing import Any
 
+from drivers_e2e import SERVERS
 from e2e import CONNECT_TIMEOUT, HWM, TOPICS, DriverSpec, Recorder, recv_from, send_loop, stop_all, warm_up
 from fanout_raw import CLIENTS
 
@@ -51,7 +52,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.plugins import load_driver
 from dfpubsub.publisher import Publisher
 from dfpubsub.subscriber import Subscriber, SubscriberOptions
-from dfpubsub.testing.servers import EtcdServer, RedisServer, ServerProcess
+from dfpubsub.testing.servers import ServerProcess
 
 STALL = 2.0  # a subscriber stops waiting for the rest when nothing came for this long
 BUCKETS = ((1, "1"), (7, "2-7"), (31, "8-31"), (127, "32-127"), (1 << 62, "128+"))
@@ -230,7 +231,7 @@ def summarize(label: str, report: dict[str, Any], subs: list[dict[str, Any]], se
 def _start(name: str, tmp: str) -> tuple[ServerProcess | None, str]:
     if name == "zmq":
         return None, ""
-    server = (RedisServer if name == "redis" else EtcdServer)(Path(tmp) / name).start()
+    server = SERVERS[name](Path(tmp) / name).start()
     return server, server.url
 
 
@@ -238,12 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of publishing per cell (default 2)")
     parser.add_argument("--subscribers", default="1,4,16", help="numbers of subscriber processes (default 1,4,16)")
-    parser.add_argument("--drivers", default="zmq,redis,etcd")
+    parser.add_argument("--drivers", default="zmq,redis,etcd,nats")
     args = parser.parse_args(argv)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["zmq", "msgpack", "redis", "grpc", "aetcd", "e2e", "fanout_raw",
+    ctx.set_forkserver_preload(["zmq", "msgpack", "redis", "grpc", "aetcd", "nats", "e2e", "fanout_raw",
                                 "dfpubsub.drivers.zeromq", "dfpubsub.drivers.redis_streams",
-                                "dfpubsub.drivers.etcd_watch"])
+                                "dfpubsub.drivers.etcd_watch", "dfpubsub.drivers.nats_jetstream"])
     counts = [int(n) for n in args.subscribers.split(",")]
     print(f"fanout: {args.seconds:g}s of flat-out publishing per cell, {counts} subscriber processes; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -260,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                     if name == "zmq":
                         spec = DriverSpec("zmq+tcp://127.0.0.1:*", "zmq", {"sndhwm": HWM, "rcvhwm": HWM}, True)
                     else:
-                        spec = DriverSpec(url, url, {"prefix": f"fan{cell}"})
+                        # NATS: each prefix needs a stream of its own (one stream holds one prefix's subjects).
+                        extra = {"stream": f"FAN{cell}"} if name == "nats" else {}
+                        spec = DriverSpec(url, url, {"prefix": f"fan{cell}", **extra})
                     full = summarize(f"[{name} x{n}] dfpubsub", *run_cell(ctx, n, args.seconds, df_pub, df_sub,
                                                                          server, spec))
                     lost += full["lost_undetected"]

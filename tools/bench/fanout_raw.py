@@ -2,12 +2,14 @@
 
 One msgpack message per event, as a user without dfpubsub would write it:
 ZeroMQ PUB/SUB (one message per event), Redis pipelined ``XADD`` read with
-``XREAD BLOCK COUNT``, etcd transactions of puts read by a prefix watch. A
-subscriber reports what it received (``Received``); nothing here detects loss. Every process waits for the word to exit.
+``XREAD BLOCK COUNT``, etcd transactions of puts read by a prefix watch, NATS
+JetStream publishes pipelined (``publish_async``, up to 4000 unacknowledged)
+read by a pull consumer each (``fetch`` of up to 512). A subscriber reports what it received (``Received``); nothing here detects loss. Every process waits for the word to exit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -244,6 +246,63 @@ def etcd_sub(conn: Connection, ready: MpEvent, index: int, url: str, prefix: str
     call.cancel()
 
 
+# -- NATS JetStream ------------------------------------------------------------------------------
+
+def nats_pub(conn: Connection, ready: list[MpEvent], seconds: float, url: str, prefix: str) -> None:
+    import nats
+
+    loop = asyncio.new_event_loop()
+    nc = loop.run_until_complete(nats.connect(url))
+    js = nc.jetstream(publish_async_max_pending=4000)
+    loop.run_until_complete(js.add_stream(name=prefix, subjects=[f"{prefix}.>"]))
+    conn.send(url)
+    for r in ready:
+        r.wait(CONNECT_TIMEOUT)
+    conn.send("go")
+    subjects = [f"{prefix}.{t}" for t in TOPICS]
+
+    async def publish(i: int, n: int) -> None:
+        for j in range(i, i + n):
+            await js.publish_async(subjects[j & 3], _event(j))
+
+    report = send_loop(lambda i, n: loop.run_until_complete(publish(i, n)), seconds, 0)
+    loop.run_until_complete(js.publish_async_completed())
+    conn.send(report)
+    conn.recv()
+    loop.run_until_complete(js.delete_stream(prefix))  # not measured
+    loop.run_until_complete(nc.close())
+
+
+def nats_sub(conn: Connection, ready: MpEvent, index: int, url: str, prefix: str) -> None:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    loop = asyncio.new_event_loop()
+    nc = loop.run_until_complete(nats.connect(url))
+    conn.recv()
+    psub = loop.run_until_complete(nc.jetstream().pull_subscribe(
+        f"{prefix}.>", stream=prefix, config=ConsumerConfig(ack_policy=AckPolicy.NONE)))
+    ready.set()
+    rec = Received()
+    empty = False
+
+    def read() -> None:
+        nonlocal empty
+        try:
+            msgs = loop.run_until_complete(psub.fetch(512, timeout=0.2))
+        except TimeoutError:
+            msgs = []
+        empty = not msgs
+        for msg in msgs:
+            rec.got(msg.data)
+
+    _until_done(conn, rec, read, lambda: empty)
+    conn.send(rec.report())
+    conn.recv()
+    loop.run_until_complete(nc.close())
+
+
 CLIENTS: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {
     "zmq": (zmq_pub, zmq_sub), "redis": (redis_pub, redis_sub), "etcd": (etcd_pub, etcd_sub),
+    "nats": (nats_pub, nats_sub),
 }

@@ -2,7 +2,6 @@
 
 import itertools
 import os
-import signal
 import threading
 import time
 import urllib.request
@@ -26,7 +25,7 @@ from dfpubsub.publisher import _QUIET
 from dfpubsub.testing.servers import free_port
 from dfpubsub.transport import SubscriberTransport
 from tests.conftest import wait_for
-from tests.functional.sink_helpers import RecordingSink
+from tests.functional.sink_helpers import RecordingSink, light_traffic_while_stopped
 
 _n = itertools.count()
 
@@ -366,14 +365,7 @@ def test_light_traffic_is_batched_while_envelopes_wait_unwritten_behind_a_stalle
     sink = Sink.on(drv, ["t"]).start()
     ready(pub, sink)
     wait_for(lambda: time.monotonic() > pub._last_send + _QUIET, what="a quiet spell after the hellos")
-    os.kill(etcd_server.proc.pid, signal.SIGSTOP)
-    try:
-        for i in range(20):  # light traffic: 500 events/s at most
-            pub.publish("t", "tbl", f"k{i}", "update", i + 1)
-            time.sleep(0.002)
-        assert pub.transport.backlog > 0
-    finally:
-        os.kill(etcd_server.proc.pid, signal.SIGCONT)
+    assert light_traffic_while_stopped(pub, etcd_server) > 0
     pub.flush()
     wait_for(lambda: len(sink.seqs("t")) == 20, what="every event once etcd runs again")
     assert sink.seqs("t") == list(range(1, 21)) and sink.gaps == []

@@ -15,11 +15,13 @@ from dfpubsub import ConfigError, Publisher, PublisherOptions, TransportError  #
 from dfpubsub.backends.access import NatsAccess, configure  # noqa: E402
 from dfpubsub.codec import MAX_SEQ, BatchHeader, encode_batch, pack_event  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
+from dfpubsub.publisher import _QUIET  # noqa: E402
 from dfpubsub.testing.servers import NatsServer, TestCertificates  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 from tests.functional.sink_helpers import (  # noqa: E402
     GatedSink,
     assert_outage_accounted,
+    light_traffic_while_stopped,
     publishing_forever,
     record_lost,
     recv_all,
@@ -101,6 +103,27 @@ def test_events_flow_in_order_to_subscribers_of_different_topics(nats_server):
     pub.close()
     a.close()
     b.close()
+
+
+def test_light_traffic_is_batched_while_envelopes_await_acknowledgement_from_a_stalled_server(nats_server):
+    """While NATS acknowledges nothing (SIGSTOP: a server starved or stuck), what the publisher
+    would send queues behind the unacknowledged envelopes anyway: it batches instead of sending
+    an envelope per event."""
+    options = new_options()
+    pub = make_pub(nats_server, options, batch_linger=0.2)
+    sink = Sink(nats_server, options, ["t"])
+    sink.sub.start()
+    assert sink.sub.wait_synced(10)
+    wait_for(lambda: pub.transport.backlog == 0 and time.monotonic() > pub._last_send + _QUIET,
+             what="a quiet spell after the hellos")
+    assert light_traffic_while_stopped(pub, nats_server) > 0
+    pub.flush()
+    wait_for(lambda: len(sink.seqs("t")) == 20, what="every event once NATS runs again")
+    assert sink.seqs("t") == list(range(1, 21)) and sink.stats.get("gaps") == 0
+    assert pub.stats.get("envelopes_out") < 10  # one an event before
+    wait_for(lambda: pub.transport.backlog == 0, what="every envelope acknowledged")
+    pub.close()
+    sink.close()
 
 
 def test_what_the_stream_limits_dropped_is_counted_and_resynced(nats_server):
