@@ -11,7 +11,7 @@ import pytest
 from dfpubsub.store import Store, open_store
 from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer, free_port
 
-__all__ = ["wait_for", "free_port", "undetected"]
+__all__ = ["wait_for", "free_port", "stopped", "undetected"]
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:
@@ -23,6 +23,16 @@ def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or cond}")
         time.sleep(interval)
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state T): after SIGSTOP one thread
+    takes the stop to the others, which run on until it is scheduled."""
+    try:
+        return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+                   for t in Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:  # a thread ended as we looked: look again
+        return False
 
 
 def undetected(delivered, holes, last: int) -> list[int]:

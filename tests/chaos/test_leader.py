@@ -15,6 +15,7 @@ import pytest
 
 from dfpubsub.testing.servers import EtcdServer, RedisServer
 from tests.chaos.netns import ip
+from tests.conftest import stopped as all_stopped
 from tests.conftest import wait_for
 
 ACTOR = Path(__file__).with_name("leader_actor.py")
@@ -128,6 +129,7 @@ def test_sigstop_the_leader_past_its_lease_and_it_does_not_act_when_it_resumes(l
     a, b = two_actors(lease_url, tmp_path, log)
     try:
         a.proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: all_stopped(a.proc.pid), what="every thread of a to stop")
         stopped = time.time()
         # From b's own log: a stopped between its check and its write holds the fencing log's lock.
         wait_for(lambda: b.logged('"msg": "leading"'), timeout=TAKEOVER + 5, what="b taking over")

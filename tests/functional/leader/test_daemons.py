@@ -17,7 +17,7 @@ import pytest
 from dfpubsub import Publisher, PublisherOptions, load_driver, open_store
 from dfpubsub.leader import open_lease
 from dfpubsub.metrics import Stats
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, stopped, wait_for
 
 pytest.importorskip("pyarrow")
 
@@ -171,6 +171,8 @@ def test_df_controller_standby_reconciles_nothing_until_the_leader_is_killed(tmp
 def test_a_df_archiver_stopped_past_its_lease_archives_nothing_when_it_resumes_and_exits_1(tmp_path):
     with leader_and_standby(tmp_path) as (pub, a, b):
         a.proc.send_signal(signal.SIGSTOP)
+        # One thread takes the stop to the others: until it is scheduled they run on.
+        wait_for(lambda: stopped(a.proc.pid), what="every thread of a to stop")
         # Sent while a is stopped: its socket holds them, to be read the moment it resumes.
         for i in range(10):
             pub.publish("port", "port", f"k{i}", "create", i + 1, {"i": i})
