@@ -89,6 +89,10 @@ def test_a_subscriber_cut_off_while_a_publisher_writes_and_exits_converges(tmp_p
         for i in range(5):
             api.create("port", f"before{i}", {"i": i})
         _converge(node, store, "the first five objects")
+        # The feed may have brought those: the controller must know the writer's stream to lose it.
+        writer = api.publisher.id
+        wait_for(lambda: "port" in getattr(node.ctrl.subscriber.tracker.peers.get(writer), "streams", ()),
+                 timeout=30, what="the controller to hear from the writer on 'port'")
         node.ctrl.subscriber.disconnect(direct.uri)  # cut off from the writer, not from df-feed
         cut = time.monotonic()
         # The writer falls silent; once declared dead (and resynced from) it is forgotten: before
