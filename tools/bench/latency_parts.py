@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dfpubsub.events import EventBatch
@@ -76,15 +77,18 @@ class GcPauses:
                 "gc_max_ms": longest * 1e3, "full": sum(1 for g, _ in self.pauses if g == 2)}
 
 
-def p50_p99(values: list[float], scale: float = 1.0) -> dict[str, float]:
+def p50_p99(values: Iterable[float], scale: float = 1.0) -> dict[str, float]:
     """``p50`` and ``p99`` of ``values`` times ``scale`` (nothing for no values)."""
-    values = sorted(values)
-    return {"p50": values[len(values) // 2] * scale, "p99": values[int(len(values) * 0.99)] * scale} if values else {}
+    ordered = sorted(values)
+    return {"p50": ordered[len(ordered) // 2] * scale, "p99": ordered[int(len(ordered) * 0.99)] * scale} \
+        if ordered else {}
 
 
-def parts_ms(parts: list[tuple[float, float, float]]) -> dict[str, dict[str, float]]:
-    """p50 and p99 of each part of the sampled latencies (seconds in, ms out)."""
-    return {name: p50_p99([p[i] for p in parts], 1e3) for i, name in enumerate(PARTS) if parts}
+def parts_ms(parts: Sequence[float]) -> dict[str, dict[str, float]]:
+    """p50 and p99 of each part of the sampled latencies, given flat (one triple per sample, in
+    seconds; ms out)."""
+    n = len(PARTS)
+    return {name: p50_p99(parts[i::n], 1e3) for i, name in enumerate(PARTS) if parts}
 
 
 def describe(label: str, parts: dict[str, dict[str, float]], gc_report: dict[str, Any], late: dict[str, float],
