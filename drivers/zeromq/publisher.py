@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from time import monotonic
+
 import zmq
 
 from dfpubsub.codec import topic_frame
@@ -16,6 +18,15 @@ from .peers import PeerBudget, PeerGuard
 from .subscriptions import Subscriptions
 
 __all__ = ["ZmqPublisher"]
+
+# Plain ints: pyzmq's flags are enums, and each ``&`` or call with one costs a Python-level
+# enum operation on the send path.
+_EVENTS, _POLLIN, _SNDMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.SNDMORE)
+#: How often (seconds) a send first looks for subscriptions waiting. Looking costs a call into
+#: libzmq's command processing (about a microsecond and a half, more than the send); libzmq
+#: itself attaches new peers on the send path at most about once a millisecond, so looking
+#: more often than that would not let a new subscriber in any sooner.
+_SUBSCRIPTIONS_EVERY = 0.001
 
 
 class ZmqPublisher(PublisherTransport):
@@ -49,6 +60,7 @@ class ZmqPublisher(PublisherTransport):
             raise TransportError(f"cannot set up the publisher socket: {exc}") from exc
         self._subscriptions = Subscriptions(self.sock, stats, opts.max_subscriptions)
         self._joined = 0
+        self._looked = 0.0  # when a send last looked for subscriptions waiting (monotonic)
         self._peers = PeerGuard(PeerBudget(opts.max_peer_bytes, opts.peer_bytes_per_second, opts.peer_stall_timeout),
                                 stats)
         self._uri = bind(self.sock, url, opts.ipc_mode)
@@ -72,13 +84,16 @@ class ZmqPublisher(PublisherTransport):
                 # which ZeroMQ shares by reference count instead of copying.
                 data = obj
         try:
-            # pyzmq types every option int | bytes; EVENTS is an int (no cast() call on the hot path).
-            events: int = self.sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
-            if events & zmq.POLLIN:
-                # A subscription waits (XPUB_MANUAL): take it first, so that a subscriber that
-                # subscribed before this send gets it, as with automatic subscriptions.
-                self._take_subscriptions()
-            self.sock.send(tf, zmq.SNDMORE)
+            now = monotonic()
+            if now - self._looked >= _SUBSCRIPTIONS_EVERY:
+                self._looked = now
+                # pyzmq types every option int | bytes; EVENTS is an int (no cast() call on the hot path).
+                events: int = self.sock.getsockopt(_EVENTS)  # type: ignore[assignment]
+                if events & _POLLIN:
+                    # A subscription waits (XPUB_MANUAL): take it first, so that a subscriber that
+                    # subscribed before this send gets it, as with automatic subscriptions.
+                    self._take_subscriptions()
+            self.sock.send(tf, _SNDMORE)
             self.sock.send(data)
         except zmq.ZMQError as exc:
             raise TransportError(f"zmq send failed: {exc}") from exc
