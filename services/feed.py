@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if feed is None:
             return 0
         if fs.announce:
-            discovery = found = discovery_from_settings(settings)
+            discovery = found = discovery_from_settings(settings, create=True)
             announcer = daemon.open("discovery", lambda: PublisherAnnouncer(found, pub,
                                                                             advertise_host=fs.advertise_host or None))
             if announcer is None:

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         relay = Relay(ingress, egress, name, RelayOptions(ps.max_idle_time, ps.dead_after_idles,
                                                           ps.max_message_bytes), stats)
         if settings.publisher_service.announce:
-            discovery = found = discovery_from_settings(settings)
+            discovery = found = discovery_from_settings(settings, create=True)
             announcer = daemon.open("discovery", lambda: PublisherAnnouncer(
                 found, relay, advertise_host=settings.publisher_service.advertise_host or None))
             if announcer is None:

@@ -6,7 +6,6 @@ Loaded only by them, so ``import dfpubsub`` does not need redis-py.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,15 +21,11 @@ from redis.retry import Retry
 
 from ..errors import AuthenticationError, ConfigError, StoreError, StoreUnavailable
 from .access import redis_access
+from .urls import redacted
 
 __all__ = ["ProcessClient", "open_client", "redis_errors", "redacted", "server_location"]
 
 T = TypeVar("T")
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password, for messages."""
-    return re.sub(r"//[^@/]*@", "//", url)
 
 
 def open_client(url: str, timeout: float, what: str) -> redis.Redis:

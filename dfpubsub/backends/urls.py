@@ -8,14 +8,20 @@ a configuration error, found before anything is opened (and without the backend'
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 
-__all__ = ["check_backend_url", "parse_endpoints", "sqlite_path"]
+__all__ = ["check_backend_url", "parse_endpoints", "redacted", "sqlite_path"]
 
 _FORMS = "sqlite:////abs/path, etcd://host:port[,host:port] or redis://host:port/db"
+
+
+def redacted(url: str) -> str:
+    """``url`` without its credentials, for messages."""
+    return re.sub(r"//[^@/]*@", "//", url)
 
 
 def sqlite_path(url: str) -> str:

@@ -1,7 +1,7 @@
 """The checks a daemon runs on its settings before it opens anything, and ``df-config check`` too.
 
 Pydantic checks each value (types, ranges, the settings that go together); these check what
-names something to load or reach: the store, queue and discovery URLs (scheme, path, ports),
+names something to load or reach: the store, queue, discovery and leader URLs (scheme, path, ports),
 the pub/sub driver (found, its URL and ``[driver.<name>]`` options), and the names of the
 tables and topics. They connect to nothing, so they pass or fail the same on any host. Every
 daemon checks the whole configuration, not only the sections it uses: hosts share one file,
@@ -26,6 +26,8 @@ def check_settings(settings: Settings) -> Settings:
         check_backend_url(settings.discovery.url, "discovery.url")
     if settings.notify.url:
         check_backend_url(settings.notify.url, "notify.url")
+    if settings.leader.url:
+        check_backend_url(settings.leader.url, "leader.url")
     for setting, names in (("store.tables", settings.store.tables), ("pubsub.topics", settings.pubsub.topics)):
         for name in names:
             try:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from ..backends.extras import needs_extra
-from ..backends.sqlite import sqlite_path
+from ..backends.sqlite import require_sqlite_file, sqlite_path
 from ..errors import ConfigError, DfPubSubError
 from .api import Discovery, PollingWatcher, PublisherRecord, RecordCallback, Registration, Watcher, check_timing
 
@@ -90,10 +90,16 @@ def open_discovery(
     raise ConfigError(f"unknown discovery URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
 
 
-def discovery_from_settings(settings: Settings) -> Discovery:
-    """Open discovery as ``[discovery]`` says (its ``url`` defaults to ``store.url``)."""
+def discovery_from_settings(settings: Settings, create: bool = False) -> Discovery:
+    """Open discovery as ``[discovery]`` says (its ``url`` defaults to ``store.url``). Unless
+    ``create`` (an announcer's rows make the table), a SQLite table's file must exist
+    (:class:`~dfpubsub.errors.StoreMissing`): a watcher given a mistyped path would otherwise
+    make an empty table and wait there for publishers that announce elsewhere."""
     d = settings.discovery
-    return open_discovery(d.url or settings.store.url, d.ttl, d.renew_interval, d.prefix)
+    url = d.url or settings.store.url
+    if not create:
+        require_sqlite_file(url, "create it with df-db init, or fix discovery.url (empty: the store's URL)")
+    return open_discovery(url, d.ttl, d.renew_interval, d.prefix)
 
 
 def advertised_uri(uri: str, host: str) -> str:

@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
 from ..backends.sqlite import require_sqlite_file, sqlite_path
-from ..errors import ConfigError
+from ..backends.urls import redacted
+from ..errors import ConfigError, StoreMissing
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 from .feed import FeedEntry, FeedReader, FeedRetention
 
@@ -60,13 +61,25 @@ def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
 
 
 def open_store_from_settings(settings: Settings, create: bool = False) -> Store:
-    """Open the store that ``[store]`` describes; unless ``create`` or ``[store] create``, a SQLite
-    store must exist (:class:`~dfpubsub.errors.StoreMissing` otherwise)."""
+    """Open the store that ``[store]`` describes. With ``create`` or ``[store] create`` it is made
+    if it was not (:meth:`Store.initialize`); otherwise it must have been
+    (:class:`~dfpubsub.errors.StoreMissing`, naming where it was looked for)."""
     s = settings.store
-    if not (create or s.create):
+    make = create or s.create
+    if not make:
         require_sqlite_file(s.url, MISSING_HINT)
     options: dict[str, Any] = {"max_value_bytes": s.max_value_bytes,
                                "feed_retention": FeedRetention(settings.feed.max_entries, settings.feed.max_age)}
     if not s.url.startswith("sqlite"):
         options["prefix"] = s.prefix
-    return open_store(s.url, s.tables, **options)
+    store = open_store(s.url, s.tables, **options)
+    try:
+        if make:
+            store.initialize()
+        elif not store.initialized():
+            raise StoreMissing(f"no store at {redacted(s.url)} under prefix {s.prefix!r} (nothing was ever written "
+                               f"there); {MISSING_HINT.replace('store.url', 'store.url or store.prefix')}")
+    except BaseException:
+        store.close()
+        raise
+    return store

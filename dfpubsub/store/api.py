@@ -91,6 +91,15 @@ class Store(abc.ABC):
 
     # -- public API ------------------------------------------------------------
 
+    def initialized(self) -> bool:
+        """Whether the store was made (``df-db init``, a writer's open, ``[store] create``) or
+        has been written to. Daemons open only such a store: on etcd and Redis a mistyped
+        address, database or prefix finds nothing, which looks exactly like an empty store."""
+        return True  # SQLite: the file is the mark, looked for before opening (require_sqlite_file)
+
+    def initialize(self) -> None:
+        """Make the store, if it was not (idempotent: nothing is written when it was)."""
+
     def get(self, table: str, key: str) -> VersionedObject | None:
         """The object, or None."""
         self._check(table, key)

@@ -20,6 +20,9 @@ Layout:
   of the delete (the header revision of the write's transaction).
 - ``/{prefix}/nbtopic/{table}/{key}`` holds the topic (UTF-8), and exists only
   for objects whose topic is not their table's name.
+- ``/{prefix}/store`` marks the store as made (:meth:`Store.initialized`): ``df-db
+  init`` and a writer's open put it once; a store holding objects counts as made
+  without it. It lies outside ``nb`` and its history, which the change feed reads.
 
 Why the topic is a sibling key: every write must return the object's topic
 (it is what gets published), yet update and delete are not told it. Inside
@@ -120,6 +123,7 @@ class EtcdStore(Store):
         self._conn = EtcdConnection(url, timeout)
         self._root = f"/{prefix}/nb/".encode()
         self._topic_root = f"/{prefix}/nbtopic/".encode()
+        self._mark = f"/{prefix}/store".encode()
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -128,6 +132,17 @@ class EtcdStore(Store):
 
     def close(self) -> None:
         self._conn.close()
+
+    def initialized(self) -> bool:
+        response = self._commit(txn([], [
+            rpc.RangeRequest(key=self._mark, count_only=True),
+            rpc.RangeRequest(key=self._root, range_end=prefix_range_end(self._root), limit=1, keys_only=True)]))
+        return any(r.response_range.count for r in response.responses)
+
+    def initialize(self) -> None:
+        absent = rpc.Compare(key=self._mark, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
+        # Put once: every put is a revision of the whole cluster, which readers of the feed skip.
+        self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store")]))
 
     # -- etcd operations ----------------------------------------------------------------
 

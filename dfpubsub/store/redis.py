@@ -4,7 +4,8 @@ Layout under ``{prefix}:nb:``:
 
 - ``rev``: the store-wide revision counter; every write (deletes included)
   takes its version from one ``INCR``. It survives :meth:`Store.drop_all`, so
-  versions never go back.
+  versions never go back. It also marks the store as made (:meth:`Store.initialized`):
+  ``df-db init`` and a writer's open set it to 0 if it is absent.
 - ``o:{table}:{key}``: a hash per object with fields ``topic``, ``version``
   and ``value`` (the msgpack blob the base class encodes).
 - ``t:{table}``: a set per table of its keys, for listing.
@@ -321,6 +322,14 @@ class RedisStore(Store):
 
     def _connect(self) -> _Client:
         return self._client.get()
+
+    def initialized(self) -> bool:
+        with self._errors("look for the store"):
+            return bool(self._connect().r.exists(self._rev))
+
+    def initialize(self) -> None:
+        with self._errors("make the store"):
+            self._connect().r.set(self._rev, 0, nx=True)
 
     def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
         return redis_errors(f"Redis store at {self._where} ({what})")

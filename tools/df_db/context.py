@@ -94,9 +94,7 @@ class CliState:
     def open_discovery(self, create: bool = False) -> Discovery:
         """The configured discovery table (``discovery.url``, by default the store's URL); it
         must exist unless ``create``."""
-        if not create:
-            require_sqlite_file(self.settings.discovery.url or self.settings.store.url)
-        return discovery_from_settings(self.settings)
+        return discovery_from_settings(self.settings, create)
 
 
 def state(ctx: typer.Context) -> CliState:

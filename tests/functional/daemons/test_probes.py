@@ -55,6 +55,8 @@ def test_every_counter_is_exported_at_zero_from_the_start(tmp_path, name):
 def test_readyz_names_the_store_while_it_is_down(tmp_path, etcd_server, name):
     """Ready once synced; etcd killed: /readyz 503 naming the failing check, /livez still 200 (a
     restart would not help), dfpubsub_ready 0; etcd restarted: ready again, same process."""
+    with open_store(etcd_server.url, ["port"]) as store:
+        store.initialize()  # as df-db init does: the daemons open no store that nobody made
     d = DaemonProcess(name, daemon_args(name, tmp_path, etcd_server.url))
     check = "queues" if name == "df-notify" else ("feed" if name == "df-feed" else "store")
     try:

@@ -19,6 +19,8 @@ BAD_SETTINGS = [
     (["--store.url", "bogus://x"], "store.url: unknown backend URL"),
     (["--store.url", "etcd://127.0.0.1:70000"], "port 70000 is not between 1 and 65535"),
     (["--store.url", "redis://127.0.0.1:99999/0"], "store.url: Redis URL"),
+    (["--leader.url", "etcd://127.0.0.1:70000"], "leader.url: "),
+    (["--leader.url", "bogus://x"], "leader.url: unknown backend URL"),
     (["--pubsub.driver", "bogus://x"], "pubsub.driver: unknown pub/sub driver 'bogus'"),
     (["--pubsub.driver", "zmq+tcp://127.0.0.1:70000"], "pubsub.driver: zmq URL"),
     (["--pubsub.topics", "bad table!"], "pubsub.topics: topic name 'bad table!'"),
@@ -66,6 +68,46 @@ def test_df_db_init_creates_the_store_daemons_then_open(tmp_path):
         d.kill()
 
 
+@pytest.mark.parametrize("name,flag", [("df-controller", "--controller.discover"), ("df-archiver", "--archive.discover")])
+def test_a_missing_discovery_table_is_refused_and_not_created(tmp_path, name, flag):
+    """A daemon that watches discovery for its publishers, given a mistyped SQLite path, would
+    wait in an empty table of its own for publishers that announce elsewhere."""
+    store = tmp_path / "nb.sqlite"
+    open_store(f"sqlite:///{store}", ["port"]).close()
+    missing = tmp_path / "typo" / "discovery.sqlite"
+    out = run([exe(name), *daemon_args(name, tmp_path, f"sqlite:///{store}"), flag, "true",
+               "--discovery.url", f"sqlite:///{missing}"])
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{name}: no database at {missing}") and "discovery.url" in last, out.stderr
+    assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize("backend", ["etcd", "redis"])
+def test_a_server_store_never_made_is_refused_until_df_db_init(tmp_path, request, backend):
+    """On etcd and Redis a mistyped address, database or prefix finds nothing, as a new store
+    would: the daemons that open the store refuse one that nobody made or wrote to, naming
+    where they looked, and open it once df-db init has made it."""
+    server = request.getfixturevalue(f"{backend}_server")
+    url = server.url
+    for name in ("df-controller", "df-feed"):
+        out = run([exe(name), *daemon_args(name, tmp_path, url), "--store.prefix", "typo", "--log.format", "json"])
+        assert out.returncode == 1, out.stderr
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"{name}: no store at {url} under prefix 'typo'") and "df-db init" in last, out.stderr
+        assert "Traceback" not in out.stderr
+    with open_store(url, ["port"], prefix="typo") as store:
+        assert not store.initialized(), "refusing to start made the store"
+    init = run([exe("df-db"), "--store", url, "-o", "json", "init"], env={**os.environ, "DFPUBSUB_STORE__PREFIX": "typo"})
+    assert init.returncode == 0, init.stderr
+    d = DaemonProcess("df-controller", daemon_args("df-controller", tmp_path, url, store__prefix="typo"))
+    try:
+        d.wait_status("/readyz", 200)
+        assert d.terminate() == 0
+    finally:
+        d.kill()
+
+
 @pytest.mark.parametrize("flags,message", BAD_SETTINGS, ids=[" ".join(f) for f, _ in BAD_SETTINGS])
 def test_df_config_check_refuses_what_every_daemon_refuses(tmp_path, flags, message):
     store = tmp_path / "nb.sqlite"
@@ -75,8 +117,9 @@ def test_df_config_check_refuses_what_every_daemon_refuses(tmp_path, flags, mess
     refusal = checked.stderr.strip().split(": ", 1)[1]
     for name in DAEMONS:
         args = daemon_args(name, tmp_path, f"sqlite:///{store}")
-        if name == "df-publisher-service" and flags[0] == "--store.url":
-            env = {**os.environ, "DFPUBSUB_STORE__URL": flags[1]}  # the shared file's value: refused all the same
+        if flags[0] == "--leader.url" or (name == "df-publisher-service" and flags[0] == "--store.url"):
+            # A setting the daemon has no flag for: the shared file's value, refused all the same.
+            env = {**os.environ, f"DFPUBSUB_{flags[0][2:].upper().replace('.', '__')}": flags[1]}
             out = run([exe(name), *args], env=env)
         else:
             out = run([exe(name), *args, *flags])
@@ -95,6 +138,8 @@ def test_an_unreachable_store_is_retried_while_readyz_says_why(tmp_path, etcd_se
     """etcd down at start: the daemon waits (it does not exit, nor invent anything), /readyz names
     the store, /livez passes; once etcd is up it syncs and turns ready."""
     url = etcd_server.url
+    with open_store(url, ["port"]) as store:
+        store.initialize()
     etcd_server.kill()
     d = DaemonProcess("df-feed", daemon_args("df-feed", tmp_path, url))
     try:

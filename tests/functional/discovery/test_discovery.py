@@ -23,7 +23,7 @@ from dfpubsub.discovery import (
     discovery_from_settings,
     open_discovery,
 )
-from dfpubsub.errors import ConfigError
+from dfpubsub.errors import ConfigError, StoreMissing
 from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
 
@@ -297,9 +297,13 @@ def test_config_defaults_and_sample(tmp_path):
     # An empty discovery.url means the store's URL.
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/nb.sqlite"\n[discovery]\nttl = 3\nrenew_interval = 1\n')
-    d = discovery_from_settings(load_settings(str(cfg)))
+    with pytest.raises(StoreMissing, match="discovery.url"):  # only an announcer creates the table
+        discovery_from_settings(load_settings(str(cfg)))
+    assert not (tmp_path / "nb.sqlite").exists()
+    d = discovery_from_settings(load_settings(str(cfg)), create=True)
     assert (d.backend, d.ttl, d.renew_interval) == ("sqlite", 3.0, 1.0)
     d.close()
+    discovery_from_settings(load_settings(str(cfg))).close()
 
 
 def test_unknown_discovery_url_is_a_config_error():

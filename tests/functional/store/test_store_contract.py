@@ -161,3 +161,29 @@ def test_concurrent_processes_lose_no_update_and_never_go_back(store_url):
     all_writes = [v for r in reports for vs in r["versions"].values() for v in vs[::2]]
     assert len(all_writes) == len(set(all_writes))  # every successful write got its own version
     store.close()
+
+
+def test_a_store_is_made_by_initialize_or_by_a_write_and_stays_made(store, store_url):
+    """What daemons look for before they open a store: a server store nobody made nor wrote to
+    is not made (SQLite's mark is its file, looked for before opening); initialize() makes it
+    without a feed entry, and a store written to before there was a mark
+    (an older release's) counts as made, after drop_all too."""
+    url, opts = store_url
+    if url.startswith("sqlite"):
+        assert store.initialized()
+    else:
+        assert not store.initialized()
+        head = store.feed_head()
+        store.initialize()
+        store.initialize()
+        assert store.initialized() and store.read_feed(0) == []
+        assert store.feed_head() == head or not store.feed_dense  # etcd's counts every write of the cluster
+        assert store.list() == []
+        with open_store(url, TABLES, **{"prefix": opts["prefix"] + "-old"}) as old:
+            assert not old.initialized()
+            old.create("port", "p1", 1)
+            assert old.initialized()
+            old.drop_all()
+            if old.backend == "redis":  # its revision counter outlives drop_all; etcd keeps no trace
+                assert old.initialized()
+    assert store.create("port", "p1", 1).version > 0
