@@ -6,8 +6,9 @@ they say what a start waits for), opens its parts through :meth:`Daemon.open`, a
 checks, runs its loop until :attr:`Daemon.stop` is set, and closes. The policy, the same for every daemon (docs/deploy.md):
 
 - a bad setting is one line and exit 2, before anything is opened;
-- a store that does not exist (a SQLite file never created) is one line and exit 1: it is
-  created only by ``df-db init`` or ``[store] create = true``, never by a typo;
+- a store that does not exist (a SQLite file never created, an etcd or Redis store nobody
+  made nor wrote to) is one line and exit 1: it is created only by ``df-db init``,
+  ``[store] create = true`` or a writer, never by a typo;
 - a backend that does not answer (or refuses the credentials: rotated on the server before
   the file, say) is retried with backoff (0.5 s doubling to 10 s) while ``/readyz`` names it
   and a warning is logged at most every 10 s; SIGTERM ends the wait;
