@@ -45,6 +45,7 @@ __all__ = [
     "sequencer",
     "encode",
     "encode_change",
+    "encode_head",
     "decode",
 ]
 
@@ -207,6 +208,25 @@ def encode_change(topic: str, event_name: str, action: str, bucket: str, key: st
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidEvent(f"notification of {bucket}/{key} is not serialisable: {exc}") from exc
     return packed
+
+
+#: msgpack's header of schema 2's array (13 elements), and of the array short of its digest.
+_ARRAY, _HEAD = b"\x9d", 0x9C
+
+
+def encode_head(topic: str, event_name: str, action: str, bucket: str, key: str, event_time: float,
+                opaque_data: str, publisher: str, config_id: str, value: Any) -> bytes:
+    """Schema 2 of a change short of its last element, the digest, which an outbox built with the
+    value appends (the value's encoding as the store writes it: dfpubsub/store/outbox.py), and of
+    its version, which the outbox puts in front. :func:`encode_change` of the same fields with
+    that digest and no version packs the same bytes."""
+    try:
+        packed: bytes = msgpack.packb([NOTIFICATION_SCHEMA_VERSION, topic, event_name, action, bucket, key, None,
+                                       float(event_time), opaque_data, publisher, config_id, value])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidEvent(f"notification of {bucket}/{key} is not serialisable: {exc}") from exc
+    assert packed[0] == _HEAD  # a fixarray of 12: only its count changes
+    return _ARRAY + packed[1:]
 
 
 def encode(n: Notification, digest: bytes | tuple[int, str] | None = None) -> bytes:

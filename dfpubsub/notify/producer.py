@@ -53,7 +53,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import msgpack
 
@@ -69,10 +69,10 @@ from ..events import VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..queues import QueueStore
-from ..queues.sharding import shard_for
+from ..queues.sharding import key_hash, shard_for, shard_names
 from ..store import Store
 from ..store.outbox import Outbox
-from .notification import Notification, encode, encode_change, notification_id
+from .notification import Notification, encode, encode_change, encode_head, notification_id
 from .registry import Match, NotificationRegistry
 from .topics import Topic, event_name
 
@@ -118,6 +118,19 @@ class Pending:
     def queues(self) -> list[str]:
         """The shards reserved on, one per matching persistent topic."""
         return [r.queue for r in self.reservations]
+
+
+class _Plan(NamedTuple):
+    """What the outbox entry of a change needs from one (topic, configuration) match."""
+
+    topic: str
+    #: The topic's shards, by index.
+    shards: list[str]
+    prefix: str
+    suffix: str
+    event_name: str
+    opaque_data: str
+    config_id: str
 
 
 #: What prepare() answers for a change no persistent topic wants (no allocation on that path).
@@ -185,6 +198,8 @@ class Notifier:
         self._close_queues = close_queues
         self._clock = clock
         self._badlog = RateLimitedLog(log, 5.0)
+        #: (table, action) -> (the registry's matches, their plans): see _plans.
+        self._plan_cache: dict[tuple[str, str], tuple[list[Match], list[_Plan]]] = {}
         self._fork_safe()
 
     def _fork_safe(self) -> None:
@@ -216,28 +231,48 @@ class Notifier:
             self.commit(pending, obj)
             return obj
         action = getattr(action, "value", action)
-        matches = self._persistent(table, key, action)
-        if not matches:
+        plans = self._plans(table, action) if key.__class__ is str else ()  # the store refuses another key
+        if not plans:
             return write(None)
-        # Each entry leaves its version to the store, which puts it in front (dfpubsub/store/outbox.py),
-        # and carries the value's encoding for delivery to derive size and etag from (notification.py).
-        digest = _digest(table, key, action, value)
-        name, when, writer = event_name(action), self._clock(), self.publisher
-        shards = [shard_for(m.topic.name, cast(int, m.topic.shards), table, key) for m in matches]
-        entries = [(shard, encode_change(topic.name, name, action, table, key, None, when, topic.opaque_data, writer,
-                                         config.id, None, digest))
-                   for shard, (topic, config) in zip(shards, matches)]
-        outbox = self.queues.outbox(entries)
+        # Each entry leaves its version to the store, which puts it in front (dfpubsub/store/outbox.py).
+        # A create's or update's also leaves its last element, the value's encoding, to the store,
+        # which appends the value it writes: packed once, sent once. Delivery derives size and
+        # etag from it (notification.py); a delete's entry carries [0, ""] instead.
+        with_value, where, when, writer = action != "delete", key_hash(table, key), self._clock(), self.publisher
+        entries = [(p.shards[where % len(p.shards)],
+                    encode_head(p.topic, p.event_name, action, table, key, when, p.opaque_data, writer, p.config_id,
+                                None) if with_value else
+                    encode_change(p.topic, p.event_name, action, table, key, None, when, p.opaque_data, writer,
+                                  p.config_id, None, _DELETED))
+                   for p in plans if key.startswith(p.prefix) and key.endswith(p.suffix)]
+        if not entries:
+            return write(None)
+        outbox = self.queues.outbox(entries, with_value)
         try:
             obj = write(outbox)
         except QueueFull as exc:
-            refused = next((m.topic.name for shard, m in zip(shards, matches) if shard == exc.queue), exc.queue)
+            refused = next((p.topic for p in plans if exc.queue in p.shards), exc.queue)
             self.stats.inc("notifications_refused", reason=refused)
             raise
         if outbox.skipped:  # a topic was deleted or made non-persistent since the registry's snapshot
             self.registry.invalidate()
         self.stats.inc("notifications_enqueued", len(entries) - outbox.skipped)
         return obj
+
+    def _plans(self, table: str, action: str) -> list[_Plan]:
+        """What the outbox entries of a change of ``table`` by ``action`` need from each persistent
+        topic that may want it, worked out once per registry snapshot."""
+        matches = self.registry.persistent_matches(table, action)
+        if not matches:
+            return []
+        cached = self._plan_cache.get((table, action))
+        if cached is not None and cached[0] is matches:
+            return cached[1]
+        name = event_name(action)
+        plans = [_Plan(topic.name, shard_names(topic.name, cast(int, topic.shards)), config.prefix, config.suffix,
+                       name, topic.opaque_data, config.id) for topic, config in matches]
+        self._plan_cache[(table, action)] = (matches, plans)
+        return plans
 
     def _persistent(self, table: str, key: str, action: str) -> list[Match]:
         """The (topic, configuration) matches of a change that persistent topics want."""

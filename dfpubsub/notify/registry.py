@@ -225,9 +225,16 @@ class NotificationRegistry:
         return [m for m in candidates if m.config.matches(table, key, action)]
 
     def persistent_topics(self, table: str, key: str, action: str) -> list[Match]:
-        """:meth:`matching_topics` of persistent topics only, as a notifier asks for every write:
-        which configurations take ``action`` on ``table`` is decided once per snapshot, only the
-        key's prefix and suffix per call."""
+        """:meth:`matching_topics` of persistent topics only: :meth:`persistent_matches` whose
+        configurations take ``key`` (its prefix and suffix)."""
+        return [m for m in self.persistent_matches(table, action)
+                if key.startswith(m.config.prefix) and key.endswith(m.config.suffix)]
+
+    def persistent_matches(self, table: str, action: str) -> list[Match]:
+        """The matches of persistent topics whose configurations take ``action`` on ``table``,
+        whatever the key, as a notifier asks for every write: decided once per snapshot, and the
+        same list object for as long as the snapshot serves (a notifier keys what it derives from
+        them on it)."""
         snapshot = self._snapshot
         if snapshot is None or self._clock() - snapshot.at > self.cache_ttl:
             snapshot = self._load()
@@ -239,7 +246,7 @@ class NotificationRegistry:
             found = [m for m in candidates if m.topic.persistent and m.config.matches_action(action)]
             if action in S3_EVENT_NAMES:  # a configured table and a real action: bounded
                 snapshot.persistent[(table, action)] = found
-        return [m for m in found if key.startswith(m.config.prefix) and key.endswith(m.config.suffix)]
+        return found
 
     def invalidate(self) -> None:
         """Drop the snapshot: the next :meth:`matching_topics` reloads."""

@@ -188,10 +188,11 @@ class QueueStore(abc.ABC):
         """Whether ``store`` can append to these queues in its own writes (:meth:`outbox`)."""
         return same_place(self.backend, self.location, store.backend, store.location)
 
-    def outbox(self, entries: builtins.list[tuple[str, bytes]]) -> Outbox:
+    def outbox(self, entries: builtins.list[tuple[str, bytes]], with_value: bool = False) -> Outbox:
         """An outbox appending ``(queue, body)`` entries atomically with one write of a store
         that :meth:`shares_store`: each entry checked against its queue's bounds (QueueFull
-        fails the write), no reservation needed (:mod:`dfpubsub.store.outbox`).
+        fails the write), no reservation needed (:mod:`dfpubsub.store.outbox`). With
+        ``with_value`` each body is completed by the value the write stores, as a msgpack bin.
 
         InvalidValue on a backend that has no outbox.
         """

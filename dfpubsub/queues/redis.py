@@ -85,16 +85,24 @@ end
 -- false plus the culprit's position (1 meta, 2 reservations, 3 entries) and why when something
 -- there is foreign, else its state, expired reservations swept. A caller that touches the
 -- reservations only through this sweep (the outbox: sweep_only) has their type proved only when
--- the counters say there are some: a step fewer on every notified write.
+-- the counters say there are some: a step fewer on every notified write; it makes none either,
+-- so their stale_after is neither read nor proved.
 local function queue_read(meta, res, entries, now, sweep_only)
-  local m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq', 'stale_after')
+  local m
+  if sweep_only then
+    m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq')
+  else
+    m = redis.pcall('HMGET', meta, 'max_bytes', 'max_entries', 'bytes', 'reserved_bytes', 'seq', 'stale_after')
+  end
   if m.err then return false, 1, 'queue metadata is not a hash' end
   if not m[1] then return nil end
   for j = 1, 5 do
     if not count(m[j]) then return false, 1, 'queue metadata has a field that is not a count' end
   end
   local stale_after = tonumber(m[6])
-  if not stale_after or stale_after ~= stale_after then return false, 1, 'queue stale_after is not a number' end
+  if not sweep_only and (not stale_after or stale_after ~= stale_after) then
+    return false, 1, 'queue stale_after is not a number'
+  end
   local len = redis.pcall('XLEN', entries)
   if type(len) == 'table' then return false, 3, 'queue entries are not a stream' end
   local held, reserved = 0, tonumber(m[4])
@@ -292,66 +300,71 @@ redis.call('DEL', KEYS[1])
 return n
 """
 
-# The outbox's half of a fused store write (dfpubsub/store/outbox.py, store/redis.py). Per
-# entry i: KEYS[KB + 3i - 2 .. KB + 3i] its queue's meta, reservations and entries; ARGV[AB + 1]
-# now, ARGV[AB + 1 + i] its body. The room an entry needs counts the widest version prefix. The
-# check reads each queue once (two entries may share one) and the append goes on from what it read.
-# A Redis script is not rolled back when a call fails, so the check first proves that nothing the
-# append will touch is foreign (outbox_read answers the culprit key's index and why): the store
-# write and its appends then either all run or none does. Only sweeping a valid queue's expired
-# reservations may have happened when a later queue turns out foreign, and that changes nothing
-# anyone can see.
-_OUTBOX = _LIB + """
-local OB_N, ob = (#KEYS - KB) / 3, {}
--- queue_read of the queue at KEYS[k + 1 .. k + 3], with the culprit's index among all KEYS.
-local function outbox_read(k, now)
-  local q, culprit, why = queue_read(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], now, true)
-  if q == false then return false, k + culprit, why end
-  return q
-end
-local function outbox_check()
-  local now = ARGV[AB + 1]
-  for i = 1, OB_N do
-    local k = KB + 3 * (i - 1)
-    local meta = KEYS[k + 1]
-    local q = ob[meta]
-    if q == nil then
-      local culprit, why
-      q, culprit, why = outbox_read(k, now)
-      if q == false then return {5, culprit, why} end
-      ob[meta] = q or false
-      q = ob[meta]
-    end
-    if q then
-      q.used = q.used + {prefix} + string.len(ARGV[AB + 1 + i])
-      q.count = q.count + 1
-      if q.used > q.max_bytes or q.count > q.max_entries then return {4, i} end
-    end
+# The outbox's half of a fused store write (dfpubsub/store/outbox.py, store/redis.py), as two
+# pieces the store's script runs at its own top level (no closures to build on every write).
+# Per entry i: KEYS[KB + 3i - 2 .. KB + 3i] its queue's meta, reservations and entries; ARGV[AB +
+# 1] now, ARGV[AB + 2] '1' when each body is completed by the written value OB_VALUE
+# (with_value), ARGV[AB + 2 + i] its body. The room an entry needs counts the widest version
+# prefix. The check reads each queue once (two entries may share one) and the append goes on
+# from what it read. A Redis script is not rolled back when a call fails, so the check first
+# proves that nothing the append will touch is foreign (queue_read answers the culprit key's place
+# and why): the store write and its appends then either all run or none does. Only sweeping a
+# valid queue's expired reservations may have happened when a later queue turns out foreign, and
+# that changes nothing anyone can see.
+_OUTBOX_CHECK = _LIB + """
+local OB_N, OB_NOW, OB_TAIL, OB = (#KEYS - KB) / 3, ARGV[AB + 1], ARGV[AB + 2] == '1', {}
+local OB_BIN, OB_EXTRA = '', {prefix}
+if OB_TAIL then  -- the msgpack bin header of the written value
+  local n = string.len(OB_VALUE)
+  if n < 256 then OB_BIN = string.char(196, n)
+  elseif n < 65536 then OB_BIN = string.char(197, math.floor(n / 256), n % 256)
+  else OB_BIN = string.char(198, math.floor(n / 16777216), math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
   end
-  return nil
+  OB_EXTRA = OB_EXTRA + string.len(OB_BIN) + n
+else
+  OB_VALUE = ''
 end
-local function outbox_append(v)
-  local head, now, skipped = string.char(160 + string.len(v)) .. v, ARGV[AB + 1], 0
-  for i = 1, OB_N do
-    local k = KB + 3 * (i - 1)
-    local q = ob[KEYS[k + 1]]
-    if q then
-      local data = head .. ARGV[AB + 1 + i]
-      local seq = append(KEYS[k + 3], q.seq, now, data)
-      if seq then
-        q.seq = seq
-        q.bytes = q.bytes + string.len(data)
-        redis.call('HSET', KEYS[k + 1], 'seq', int(q.seq), 'bytes', int(q.bytes))
-      else  -- the write is made: its notification is counted lost, never a failed write
-        skipped = skipped + 1
-      end
-    else
-      skipped = skipped + 1
-    end
+for i = 1, OB_N do
+  local k = KB + 3 * (i - 1)
+  local meta = KEYS[k + 1]
+  local q = OB[meta]
+  if q == nil then
+    local culprit, why
+    q, culprit, why = queue_read(meta, KEYS[k + 2], KEYS[k + 3], OB_NOW, true)
+    if q == false then return {5, k + culprit, why} end
+    OB[meta] = q or false
+    q = OB[meta]
   end
-  return skipped
+  if q then
+    q.used = q.used + OB_EXTRA + string.len(ARGV[AB + 2 + i])
+    q.count = q.count + 1
+    if q.used > q.max_bytes or q.count > q.max_entries then return {4, i} end
+  end
 end
 """.replace("{prefix}", str(MAX_PREFIX_BYTES))
+_OUTBOX_APPEND = """
+local head = string.char(160 + string.len(OB_VERSION)) .. OB_VERSION
+for i = 1, OB_N do
+  local k = KB + 3 * (i - 1)
+  local q = OB[KEYS[k + 1]]
+  local seq = false
+  if q then
+    local data = head .. ARGV[AB + 2 + i] .. OB_BIN .. OB_VALUE
+    seq = append(KEYS[k + 3], q.seq, OB_NOW, data)
+    if seq then
+      q.seq = seq
+      q.bytes = q.bytes + string.len(data)
+      redis.call('HSET', KEYS[k + 1], 'seq', int(q.seq), 'bytes', int(q.bytes))
+    end
+  end
+  -- a queue gone, or one whose append failed: the write is made, so its notification is
+  -- counted lost, never a failed write
+  if not seq then OB_SKIPPED = OB_SKIPPED + 1 end
+end
+"""
+
+#: Queues whose keys a RedisQueues keeps formatted for the outbox, before it starts again.
+_KEYS_KEPT = 4096
 
 _SCRIPTS = {
     "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "remove_ids": _REMOVE_IDS,
@@ -370,21 +383,23 @@ class _Client:
 
 
 class _Outbox(RedisOutbox):
-    """Keys and arguments of the entries for the store's fused script (see _OUTBOX)."""
+    """Keys and arguments of the entries for the store's fused script (see _OUTBOX_CHECK)."""
 
-    LUA = _OUTBOX
+    CHECK = _OUTBOX_CHECK
+    APPEND = _OUTBOX_APPEND
 
-    def __init__(self, location: str, entries: list[tuple[str, bytes]], ns: str, now: float):
-        super().__init__(location, entries)
-        self._ns = ns
+    def __init__(self, location: str, entries: list[tuple[str, bytes]], with_value: bool,
+                 keys: Callable[[str], tuple[str, str, str]], now: float):
+        super().__init__(location, entries, with_value)
+        self._keys = keys
         self._now = now
 
     def keys(self) -> list[str]:
-        ns = self._ns
-        return [f"{ns}{kind}:{name}" for name, _ in self.entries for kind in ("m", "r", "e")]
+        of = self._keys
+        return [key for name, _ in self.entries for key in of(name)]
 
     def args(self) -> list[Any]:
-        return [repr(self._now), *(body for _, body in self.entries)]
+        return [repr(self._now), "1" if self.with_value else "", *(body for _, body in self.entries)]
 
 
 def _stats_of(row: list[Any], now: float, meta: str) -> QueueStats:
@@ -427,12 +442,24 @@ class RedisQueues(QueueStore):
         self._registry = self._ns + "queues"
         self._rid = self._ns + "rid"
         self._client = ProcessClient(self._new_client, lambda c: c.r.close())
+        # Each notified write names its shard's keys: formatted once per queue (see _queue_keys).
+        self._outbox_keys: dict[str, tuple[str, str, str]] = {}
         # Validates the URL; connections are opened on first use.
         self.location = server_location(self._client.get().r)
 
-    def outbox(self, entries: list[tuple[str, bytes]]) -> Outbox:
+    def outbox(self, entries: list[tuple[str, bytes]], with_value: bool = False) -> Outbox:
         """See :meth:`QueueStore.outbox`."""
-        return _Outbox(self.location, entries, self._ns, self.clock())
+        return _Outbox(self.location, entries, with_value, self._queue_keys, self.clock())
+
+    def _queue_keys(self, name: str) -> tuple[str, str, str]:
+        """The (meta, reservations, entries) keys of queue ``name``."""
+        keys = self._outbox_keys.get(name)
+        if keys is None:
+            if len(self._outbox_keys) >= _KEYS_KEPT:  # names of deleted queues do not pile up
+                self._outbox_keys.clear()
+            ns = self._ns
+            keys = self._outbox_keys[name] = (f"{ns}m:{name}", f"{ns}r:{name}", f"{ns}e:{name}")
+        return keys
 
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "queues")

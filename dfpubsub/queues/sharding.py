@@ -16,7 +16,7 @@ import zlib
 
 from ..errors import InvalidValue
 
-__all__ = ["shard_names", "shard_name", "shard_index", "shard_for"]
+__all__ = ["shard_names", "shard_name", "shard_index", "shard_for", "key_hash"]
 
 
 def _check(shards: int) -> None:
@@ -35,10 +35,16 @@ def shard_names(topic: str, shards: int) -> list[str]:
     return [topic] + [f"{topic}.{i}" for i in range(1, shards)]
 
 
+def key_hash(bucket: str, key: str) -> int:
+    """``crc32("bucket:key")``: modulo a topic's shard count, the index of the key's shard (one
+    hash serves every topic of a change)."""
+    return zlib.crc32(f"{bucket}:{key}".encode())
+
+
 def shard_index(bucket: str, key: str, shards: int) -> int:
     """``crc32("bucket:key") % shards``: the same on every host and in every language."""
     _check(shards)
-    return zlib.crc32(f"{bucket}:{key}".encode()) % shards
+    return key_hash(bucket, key) % shards
 
 
 def shard_for(topic: str, shards: int, bucket: str, key: str) -> str:

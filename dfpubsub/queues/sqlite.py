@@ -27,7 +27,7 @@ from typing import Any, TypedDict, TypeVar
 from ..backends import foreign
 from ..backends.sqlite import Row, SqliteDb, file_location
 from ..errors import QueueFull, QueueNotFound, ReservationNotFound
-from ..store.outbox import Outbox, SqliteOutbox, versioned
+from ..store.outbox import Outbox, SqliteOutbox, value_tail, versioned
 from .api import Aside, DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, check_name, marker
 from .readback import foreign_entry, queue_meta
 
@@ -223,13 +223,14 @@ class _Outbox(SqliteOutbox):
     """Appends in the store's transaction: the bounds checked by the insert; on a refusal,
     expired reservations are swept and the insert tried again before QueueFull."""
 
-    def __init__(self, location: str, entries: list[tuple[str, bytes]], now: float):
-        super().__init__(location, entries)
+    def __init__(self, location: str, entries: list[tuple[str, bytes]], with_value: bool, now: float):
+        super().__init__(location, entries, with_value)
         self.now = now
 
-    def apply(self, conn: sqlite3.Connection, version: int) -> None:
+    def apply(self, conn: sqlite3.Connection, version: int, blob: bytes | None) -> None:
+        tail = value_tail(blob) if self.with_value and blob is not None else b""
         for name, body in self.entries:
-            data = versioned(version, body)
+            data = versioned(version, body + tail)
             args = {"name": name, "size": len(data), "now": self.now, "data": data}
             if conn.execute(_APPEND, args).rowcount:
                 continue
@@ -322,9 +323,9 @@ class SqliteQueues(QueueStore):
 
     # -- writers ---------------------------------------------------------------------------------
 
-    def outbox(self, entries: list[tuple[str, bytes]]) -> Outbox:
+    def outbox(self, entries: list[tuple[str, bytes]], with_value: bool = False) -> Outbox:
         """See :meth:`QueueStore.outbox`."""
-        return _Outbox(self.location, entries, self.clock())
+        return _Outbox(self.location, entries, with_value, self.clock())
 
     def _reserve(self, name: str, size: int, now: float) -> str:
         args: _Reservation = {"id": os.urandom(8).hex(), "size": size, "now": now, "name": name}

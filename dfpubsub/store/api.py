@@ -187,7 +187,7 @@ class Store(abc.ABC):
                outbox: Outbox | None = None) -> VersionedObject:
         """Delete an object; returns it with the deletion's version and no value. ``outbox``
         as for :meth:`create`."""
-        self._check(table, key, outbox)
+        self._check(table, key, outbox, has_value=False)
         return self._delete(table, key, expected_version, outbox)
 
     # -- change feed (dfpubsub/store/feed.py) ---------------------------------------
@@ -238,9 +238,10 @@ class Store(abc.ABC):
 
     # -- validation --------------------------------------------------------------
 
-    def _check(self, table: str, key: str | None = None, outbox: Outbox | None = None) -> None:
+    def _check(self, table: str, key: str | None = None, outbox: Outbox | None = None,
+               has_value: bool = True) -> None:
         if outbox is not None:
-            outbox.check_store(self.backend, self.location)
+            outbox.check_store(self.backend, self.location, has_value)
         if table not in self.tables:
             raise UnknownTable(f"unknown table {table!r}; tables: {', '.join(sorted(self.tables)) or 'none'}")
         if key is not None:

@@ -16,6 +16,11 @@ the notifier encoded without it (:func:`versioned`); readers split them with
 :func:`split_versioned`. Digits, not a msgpack integer, because a Redis script
 holds numbers as doubles and versions as strings.
 
+An outbox built ``with_value`` carries bodies that end short of their last
+msgpack element, the value's encoding: the store appends the value it writes
+as a msgpack bin (:func:`value_tail`), so a notification that carries the
+value does not pack it a second time, nor send it twice to a Redis server.
+
 A queue backend builds the outbox (``QueueStore.outbox``) in the form its
 store backend runs; the store only calls it.
 """
@@ -28,17 +33,30 @@ from typing import Any
 
 from ..errors import InvalidValue
 
-__all__ = ["Outbox", "SqliteOutbox", "RedisOutbox", "same_place", "versioned", "split_versioned", "MAX_PREFIX_BYTES"]
+__all__ = ["Outbox", "SqliteOutbox", "RedisOutbox", "same_place", "versioned", "split_versioned", "value_tail",
+           "MAX_PREFIX_BYTES", "MAX_TAIL_HEADER_BYTES"]
 
 #: The most a version prefix takes: a fixstr header and 20 digits (2**64 - 1).
 MAX_PREFIX_BYTES = 21
 _FIXSTR = 0xA0
+#: The most a msgpack bin header takes (bin 32).
+MAX_TAIL_HEADER_BYTES = 5
 
 
 def versioned(version: int, body: bytes) -> bytes:
     """An outbox entry's data: ``version`` as a msgpack fixstr of its digits, then ``body``."""
     digits = str(version).encode()
     return bytes((_FIXSTR | len(digits),)) + digits + body
+
+
+def value_tail(blob: bytes) -> bytes:
+    """What a ``with_value`` outbox appends to each body: the stored value ``blob`` as a msgpack bin."""
+    n = len(blob)
+    if n < 0x100:
+        return b"\xc4" + n.to_bytes(1, "big") + blob
+    if n < 0x10000:
+        return b"\xc5" + n.to_bytes(2, "big") + blob
+    return b"\xc6" + n.to_bytes(4, "big") + blob
 
 
 def split_versioned(data: bytes) -> tuple[int | None, bytes]:
@@ -65,23 +83,29 @@ class Outbox(abc.ABC):  # noqa: B024 - a base of the backends' outboxes, never b
     """Entries to append, each ``(queue, body)``, atomically with one store write.
 
     ``backend`` and ``location`` say which store can run it (a store refuses
-    another's outbox). After the write, ``skipped`` counts the entries whose
-    queue no longer existed (the topic was deleted meanwhile): they want
+    another's outbox). With ``with_value`` every body is completed by the
+    value the write stores (:func:`value_tail`): only a create or an update
+    can run such an outbox. After the write, ``skipped`` counts the entries
+    whose queue no longer existed (the topic was deleted meanwhile): they want
     nothing, and are not an error.
     """
 
     backend: str = ""
 
-    def __init__(self, location: str, entries: list[tuple[str, bytes]]):
+    def __init__(self, location: str, entries: list[tuple[str, bytes]], with_value: bool = False):
         self.location = location
         self.entries = entries
+        self.with_value = with_value
         self.skipped = 0
 
-    def check_store(self, backend: str, location: str) -> None:
-        """Raise InvalidValue unless the store at ``location`` of ``backend`` can run this outbox."""
+    def check_store(self, backend: str, location: str, has_value: bool = True) -> None:
+        """Raise InvalidValue unless the store at ``location`` of ``backend`` can run this outbox
+        with a write that stores a value (``has_value``) or not."""
         if not same_place(self.backend, self.location, backend, location):
             raise InvalidValue(f"an outbox for the {self.backend} queues at {self.location} cannot commit "
                                f"with the {backend} store at {location}")
+        if self.with_value and not has_value:
+            raise InvalidValue("an outbox whose entries end with the written value cannot go with a deletion")
 
 
 class SqliteOutbox(Outbox):
@@ -90,25 +114,29 @@ class SqliteOutbox(Outbox):
     backend = "sqlite"
 
     @abc.abstractmethod
-    def apply(self, conn: sqlite3.Connection, version: int) -> None:
-        """Append the entries with ``version`` on ``conn``, inside the write's open transaction;
-        raise QueueFull (the store rolls the write back) if one does not fit."""
+    def apply(self, conn: sqlite3.Connection, version: int, blob: bytes | None) -> None:
+        """Append the entries with ``version`` (and, ``with_value``, the written value ``blob``) on
+        ``conn``, inside the write's open transaction; raise QueueFull (the store rolls the write
+        back) if one does not fit."""
 
 
 class RedisOutbox(Outbox):
     """An outbox the Redis store runs inside its write script.
 
-    :attr:`LUA` defines two functions over the script's ``KEYS`` and ``ARGV``
-    after the store's own (from offsets ``KB`` and ``AB``, which the store
-    defines): ``outbox_check()`` runs before the write changes anything and
-    answers nil, or the store's refusal: ``{4, i}`` when entry ``i`` does not
-    fit, ``{5, k, why}`` when ``KEYS[k]`` is a foreign record the append could
-    not write past; ``outbox_append(v)`` appends every entry with version ``v`` (a string)
-    after the write succeeded, and answers how many it skipped.
+    Two pieces of Lua run at the top level of the store's script, over its
+    ``KEYS`` and ``ARGV`` after the store's own (from offsets ``KB`` and
+    ``AB``, which the store defines) and ``OB_VALUE``, the blob the write
+    stores (nil for a deletion). :attr:`CHECK` runs before the write changes
+    anything and returns the store's refusal, if any: ``{4, i}`` when entry
+    ``i`` does not fit, ``{5, k, why}`` when ``KEYS[k]`` is a foreign record
+    the append could not write past. :attr:`APPEND` runs after the write
+    succeeded, with ``OB_VERSION`` its version (a string), appends every entry
+    and adds the entries it skipped to ``OB_SKIPPED``.
     """
 
     backend = "redis"
-    LUA: str = ""
+    CHECK: str = ""
+    APPEND: str = ""
 
     @abc.abstractmethod
     def keys(self) -> list[str]:

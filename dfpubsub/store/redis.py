@@ -152,20 +152,21 @@ return out
 
 
 # A write with an outbox (dfpubsub/store/outbox.py) runs the write's script wrapped: the
-# outbox's checks before it (a full queue answers {4, index}, a foreign queue record {5, key
-# index, why}, and nothing is written), its
-# appends after it succeeded (their skipped count in the answer's 4th slot).
+# outbox's check before it (a full queue answers {4, index}, a foreign queue record {5, key
+# index, why}, and nothing is written), its appends after it succeeded (their skipped count in
+# the answer's 4th slot). Both see the value the write stores (nil for a deletion), which
+# completes the entries of an outbox built with_value.
 _FUSED = """
-local KB, AB = {nkeys}, {nargs}
-{outbox}
-local refused = outbox_check()
-if refused then return refused end
+local KB, AB, OB_VALUE = {nkeys}, {nargs}, {value}
+{check}
 local r = (function()
 {write}
 end)()
 if r[1] == 0 then
   r[3] = r[3] or ''
-  r[4] = outbox_append(r[2])
+  local OB_VERSION, OB_SKIPPED = r[2], 0
+{append}
+  r[4] = OB_SKIPPED
 end
 return r
 """
@@ -204,8 +205,9 @@ def _with_feed(script: str) -> str:
     return _FEED.format(write=script)
 
 
-# The write scripts by name, with how many keys and arguments they take before an outbox's.
-_WRITES = {"create": (_CREATE, 3, 3), "update": (_UPDATE, 2, 3), "delete": (_DELETE, 3, 2)}
+# The write scripts by name, with how many keys and arguments they take before an outbox's, and
+# the argument that holds the value they store.
+_WRITES = {"create": (_CREATE, 3, 3, "ARGV[3]"), "update": (_UPDATE, 2, 3, "ARGV[2]"), "delete": (_DELETE, 3, 2, "nil")}
 
 
 def _decode_object(row: list[Any], table: str, key: str | bytes) -> VersionedObject:
@@ -255,7 +257,7 @@ class _Client:
     fetch: Script
     versions: Script
     feed: Script
-    #: (write, outbox Lua) -> the fused script, registered on first use.
+    #: (write, outbox check) -> the fused script, registered on first use.
     fused: dict[tuple[str, str], Script] = field(default_factory=dict)
 
     def write(self, name: str, keys: list[Any], args: list[Any], outbox: Outbox | None,
@@ -265,11 +267,11 @@ class _Client:
         if outbox is None:
             return cast("list[Any]", getattr(self, name)(keys=keys + feed[0], args=args + feed[1]))
         ob = cast(RedisOutbox, outbox)
-        script = self.fused.get((name, ob.LUA))
+        script = self.fused.get((name, ob.CHECK))
         if script is None:
-            text, nkeys, nargs = _WRITES[name]
-            script = self.fused.setdefault((name, ob.LUA), self.r.register_script(
-                _with_feed(_FUSED.format(nkeys=nkeys, nargs=nargs, outbox=ob.LUA, write=text))))
+            text, nkeys, nargs, value = _WRITES[name]
+            script = self.fused.setdefault((name, ob.CHECK), self.r.register_script(_with_feed(_FUSED.format(
+                nkeys=nkeys, nargs=nargs, value=value, check=ob.CHECK, write=text, append=ob.APPEND))))
         all_keys = keys + ob.keys()
         res = cast("list[Any]", script(keys=all_keys + feed[0], args=args + ob.args() + feed[1]))
         if res[0] == _OUTBOX_FULL:

@@ -299,11 +299,13 @@ class SqliteStore(Store):
     # Each write is the revision bump plus one statement whose RETURNING says whether it
     # applied; a refused write raises and _write rolls the bump back.
 
-    def _statement(self, sql: str, args: tuple[Any, ...], outbox: Outbox | None) -> tuple[Any, ...] | None:
+    def _statement(self, sql: str, args: tuple[Any, ...], outbox: Outbox | None,
+                   blob: bytes) -> tuple[Any, ...] | None:
         """Run one write statement; its RETURNING row (the version first) or None.
 
         Alone it is autocommitted; with an outbox, the outbox appends in the
-        same transaction once the statement wrote (the version is then known).
+        same transaction once the statement wrote (the version is then known),
+        completing its entries with the written value ``blob`` if it asks so.
         """
         if outbox is None:
             # fetchall, not fetchone: the statement must run to its end to commit.
@@ -313,7 +315,7 @@ class SqliteStore(Store):
             def run(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
                 rows = conn.execute(sql, args).fetchall()
                 if rows:
-                    cast(SqliteOutbox, outbox).apply(conn, rows[0][0])
+                    cast(SqliteOutbox, outbox).apply(conn, rows[0][0], blob)
                 return rows[0] if rows else None
 
             row = self._write(run)
@@ -329,7 +331,7 @@ class SqliteStore(Store):
 
     def _create(self, table: str, key: str, topic: str, blob: bytes, value: Any,
                 outbox: Outbox | None) -> VersionedObject:
-        row = self._statement(_INSERT, (table, key, topic, blob), outbox)
+        row = self._statement(_INSERT, (table, key, topic, blob), outbox, blob)
         if row is None:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, row[0], value)
@@ -341,7 +343,7 @@ class SqliteStore(Store):
         sql, args = (_UPDATE, (blob, table, key)) if topic is None else (_UPDATE_TOPIC, (topic, blob, table, key))
         if expected is not None:
             sql, args = sql + " AND version = ?", (*args, expected)
-        row = self._statement(sql + " RETURNING version, topic", args, outbox)
+        row = self._statement(sql + " RETURNING version, topic", args, outbox, blob)
         if row is None:
             raise self._db.run(lambda conn: self._refusal(conn, table, key, expected), "read")
         return VersionedObject(row[1], table, key, row[0], value)
@@ -357,7 +359,7 @@ class SqliteStore(Store):
                 raise self._refusal(conn, table, key, expected)
             conn.execute(_FEED_DELETE, (version, row[0], table, key))
             if outbox is not None:
-                cast(SqliteOutbox, outbox).apply(conn, version)
+                cast(SqliteOutbox, outbox).apply(conn, version, None)
             return VersionedObject(row[0], table, key, version, None)
 
         obj = self._write(run)

@@ -6,8 +6,8 @@ import msgpack
 import pytest
 
 from dfpubsub.errors import InvalidValue, NotificationDecodeError
-from dfpubsub.notify.notification import decode, encode_change
-from dfpubsub.store.outbox import MAX_PREFIX_BYTES, split_versioned, versioned
+from dfpubsub.notify.notification import decode, encode_change, encode_head
+from dfpubsub.store.outbox import MAX_PREFIX_BYTES, MAX_TAIL_HEADER_BYTES, split_versioned, value_tail, versioned
 
 
 @pytest.mark.parametrize("version", [0, 7, 123456789, (1 << 64) - 1])
@@ -49,3 +49,17 @@ def test_a_body_without_its_version_prefix_is_refused_for_its_missing_version():
     with pytest.raises(NotificationDecodeError) as info:
         decode(_body())
     assert info.value.reason == "malformed"
+
+
+@pytest.mark.parametrize("size", [0, 200, 255, 256, 65535, 65536, 300_000])
+def test_a_head_completed_by_the_value_tail_packs_what_encode_change_packs(size):
+    """An outbox built with the value appends the store's blob to the notifier's head: the entry
+    is the one a notifier packing the value's encoding itself would have written."""
+    blob = msgpack.packb({"pad": "x" * size})
+    head = encode_head("orders", "s3:ObjectCreated:Put", "update", "port", "k1", 1.5, "o", "w", "c", None)
+    assert head + value_tail(blob) == encode_change("orders", "s3:ObjectCreated:Put", "update", "port", "k1", None,
+                                                    1.5, "o", "w", "c", None, blob)
+    assert value_tail(blob) == msgpack.packb(blob)
+    assert len(value_tail(blob)) - len(blob) <= MAX_TAIL_HEADER_BYTES
+    n = decode(versioned(42, head + value_tail(blob)))
+    assert (n.version, n.key, n.size) == (42, "k1", len(msgpack.packb({"pad": "x" * size})))

@@ -513,3 +513,18 @@ def test_foreign_discovery_rows_are_skipped(backend, request):
     assert _skipped("discovery_row") - before >= expected
     reg.close()
     disc.close()
+
+
+def test_a_text_stale_after_stops_no_notified_write_only_reservations(outbox):
+    """The outbox makes no reservation, so a shard's stale_after (what a reservation lasts) is
+    neither read nor proved on its path; a reservation still refuses what it cannot read."""
+    r, store, queues, registry, api, topic, prefix = outbox
+    shard = registry.shard_names(topic)[1]
+    key = _key_on(topic, shard)
+    r.hset(f"{prefix}:q:m:{shard}", "stale_after", "soon")
+    made = api.create("port", key, {"v": 1})
+    listed, _ = queues.list(shard, 10)
+    assert [split_versioned(e.data)[0] for e in listed] == [made.version]
+    with pytest.raises(ForeignRecord) as refused:
+        queues.reserve(shard, 100)
+    assert refused.value.key == f"{prefix}:q:m:{shard}"

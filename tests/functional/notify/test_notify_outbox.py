@@ -197,3 +197,58 @@ def test_two_configurations_of_one_topic_put_two_entries_in_one_queue_or_none(wh
     with pytest.raises(QueueFull):  # room for one more entry, not for both
         api.create("port", "b", 2)
     assert store.get("port", "b") is None and queues.stats("orders").entries == 2
+
+
+@pytest.mark.parametrize("pad", [10, 300, 70_000])
+def test_the_store_completes_each_entry_with_the_value_it_writes(where, pad):
+    """The notifier hands the store its entries short of the value's encoding, and the store
+    appends the blob it writes (msgpack bin 8, 16 or 32 by its length), in the same step."""
+    store, queues, registry, topic = _setup(*where, shards=3)
+    api = NbApi(store, None, Notifier(registry, queues))
+    values = [{"pad": "x" * pad, "i": i} for i in range(3)]
+    made = [api.create("port", "a", values[0]), api.update("port", "a", values[1]), api.update("port", "a", values[2])]
+    notes = [decode(d) for _, d in _notes(queues, registry, topic)]
+    assert [(n.version, n.action) for n in notes] == [(made[0].version, "create"), (made[1].version, "update"),
+                                                      (made[2].version, "update")]
+    for (_, data), value in zip(_notes(queues, registry, topic), values):
+        assert msgpack.unpackb(split_versioned(data)[1])[-1] == msgpack.packb(value)
+        assert (decode(data).size, decode(data).etag) == value_digest(value)
+    stats = registry.topic_stats(topic.name)
+    assert stats.bytes == sum(len(d) for _, d in _notes(queues, registry, topic))
+
+
+def test_the_room_an_entry_needs_counts_the_value_it_carries(where):
+    store, queues, registry, topic = _setup(*where, shards=1, max_bytes=4000)
+    api = NbApi(store, None, Notifier(registry, queues))
+    api.create("port", "a", {"pad": "x" * 1000})
+    with pytest.raises(QueueFull):  # the body alone would fit: the value it carries does not
+        api.update("port", "a", {"pad": "x" * 3000})
+    assert store.get("port", "a").value == {"pad": "x" * 1000} and queues.stats("orders").entries == 1
+    assert queues.stats("orders").bytes == len(_notes(queues, registry, topic)[0][1])
+
+
+def test_an_outbox_carrying_the_written_value_cannot_go_with_a_deletion(where):
+    store, queues, registry, topic = _setup(*where, shards=1)
+    store.create("port", "a", 1)
+    with pytest.raises(InvalidValue, match="deletion"):
+        store.delete("port", "a", outbox=queues.outbox([("orders", b"\x9d")], with_value=True))
+    assert store.get("port", "a").value == 1 and queues.stats("orders").entries == 0
+
+
+def test_configurations_added_and_removed_reach_the_next_write(where):
+    """The notifier works out each (table, action)'s topics once per registry snapshot: a
+    change made through the registry reaches the very next write."""
+    store, queues, registry, topic = _setup(*where, shards=2)
+    audit = registry.create_topic(Topic("audit", "http://127.0.0.1:9/hook", persistent=True, shards=3))
+    api = NbApi(store, None, Notifier(registry, queues))
+    api.create("port", "k1", 1)
+    registry.put_configuration(NotificationConfig("a-keys", "port", "audit", prefix="a"))
+    api.create("port", "a1", 1)
+    api.create("port", "k2", 1)
+    registry.delete_configuration("port", "all")
+    api.update("port", "a1", 2)
+    api.update("port", "k1", 2)
+    assert sorted((decode(d).key, decode(d).action) for _, d in _notes(queues, registry, topic)) == [
+        ("a1", "create"), ("k1", "create"), ("k2", "create")]
+    assert [(decode(d).key, decode(d).action, shard) for shard, d in _notes(queues, registry, audit)] == [
+        ("a1", "create", shard_for("audit", 3, "port", "a1")), ("a1", "update", shard_for("audit", 3, "port", "a1"))]
