@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import groupby
 from typing import Any, NamedTuple, cast
 
@@ -38,7 +38,7 @@ import msgpack
 
 from ..events import Action, Event, VersionedObject
 from ..logs import RateLimitedLog
-from ..store.api import decode_value
+from ..store.api import PackedTable, decode_value
 from .graves import Graves
 
 __all__ = ["VersionedCache", "Change", "TableUsage", "Transform", "DEFAULT_DECODED"]
@@ -263,6 +263,22 @@ class VersionedCache:
                         changes.append(_new(Change, (_DELETE, *obj[:4], None, obj)))
         return changes
 
+    def fill(self, tables: Iterable[PackedTable]) -> int | None:
+        """A first sync that builds no :class:`Change`, for a caller nobody hands them to (a
+        controller without reconcilers, indexes nor ``on_reconciled``): a full listing, by table
+        and column (:meth:`Store.list_packed_tables_at`), into an empty cache. Returns how many
+        objects it added (each a create), or None, and does nothing, when the cache holds anything,
+        tombstones included: then :meth:`reconcile` a listing."""
+        with self._lock:
+            if self._tables or self._graves.gens:
+                return None
+            self._recent = None
+            added = 0
+            for part in tables:
+                self._fill_locked(part.table, part.topics, part.keys, part.versions, part.blobs, None)
+                added += len(part.keys)
+            return added
+
     def _first_sync_locked(self, truth: list[VersionedObject], packed: list[bytes | None] | None,
                            values: bool) -> list[Change]:
         """Every object of ``truth`` into an empty cache, and the creates that makes.
@@ -277,29 +293,38 @@ class VersionedCache:
         out_values: list[Any] | None = None  # the values the creates carry, where transformed
         at = 0
         for table, run in groupby(table_col):
-            n = len(list(run))
-            keys, topics = key_col[at:at + n], topic_col[at:at + n]
-            blobs: list[bytes | None] | None = None if packed is None else packed[at:at + n]
-            table = self._name(table)
-            names = {t: self._name(t) for t in set(topics)}
-            transform = self._transforms.get(table)
-            if transform is not None:
-                raw = value_col[at:at + n] if values else map(_unpack, blobs)  # type: ignore[arg-type]
-                kept = [self._transformed(transform, table, k, v) for k, v in zip(keys, raw)]
-                blobs = list(map(self._pack, kept))
+            end = at + len(list(run))
+            kept = self._fill_locked(table, topic_col[at:end], key_col[at:end], version_col[at:end],
+                                     None if packed is None else cast("list[bytes]", packed[at:end]),
+                                     value_col[at:end] if values else None)
+            if kept is not None:
                 if out_values is None:
                     out_values = list(value_col)
-                out_values[at:at + n] = kept
-            elif blobs is None:
-                blobs = list(map(self._pack, value_col[at:at + n]))
-            rows = self._tables.setdefault(table, {})
-            rows.update(zip(keys, zip(version_col[at:at + n], map(names.__getitem__, topics),
-                                      cast("list[bytes]", blobs))))
-            self._bytes[table] = self._bytes.get(table, 0) + sum(map(len, blobs)) + sum(map(len, keys))  # type: ignore[arg-type]
-            at += n
+                out_values[at:end] = kept
+            at = end
         if out_values is None:
             return [_new(Change, (_CREATE, *obj, None)) for obj in truth]
         return [_new(Change, (_CREATE, *obj[:4], value, None)) for obj, value in zip(truth, out_values)]
+
+    def _fill_locked(self, table: str, topics: Sequence[str], keys: Sequence[str], versions: Sequence[int],
+                     blobs: Sequence[bytes] | None, values: Sequence[Any] | None) -> list[Any] | None:
+        """Objects of ``table`` the cache holds nothing of, by column, with their values' bytes or
+        their values (or both; the bytes are decoded only for a transform). Returns the values
+        kept where the table has a transform (what its creates carry), else None."""
+        table = self._name(table)
+        names = {t: self._name(t) for t in set(topics)}
+        kept: list[Any] | None = None
+        transform = self._transforms.get(table)
+        if transform is not None:
+            raw = values if values is not None else map(_unpack, cast("Sequence[bytes]", blobs))
+            kept = [self._transformed(transform, table, k, v) for k, v in zip(keys, raw)]
+            blobs = list(map(self._pack, kept))
+        elif blobs is None:
+            blobs = list(map(self._pack, cast("Sequence[Any]", values)))
+        rows = self._tables.setdefault(table, {})
+        rows.update(zip(keys, zip(versions, map(names.__getitem__, topics), blobs)))
+        self._bytes[table] = self._bytes.get(table, 0) + sum(map(len, blobs)) + sum(map(len, keys))
+        return kept
 
     def correct(self, topics: set[str], objects: Iterable[VersionedObject],
                 deleted: Iterable[tuple[tuple[str, str], int]]) -> list[Change]:

@@ -8,7 +8,12 @@ in most objects, has to read every value anyway and takes the full listing in
 one read (:meth:`Store.list_packed_at`, with the values' bytes, which the cache
 keeps). Either listing comes with the store revision it reflects, so that
 :meth:`VersionedCache.reconcile` can replace every cached version the listing
-does not show, unless it is provably newer.
+does not show, unless it is provably newer. A caller that acts on no change (a
+controller without reconcilers, indexes nor ``on_reconciled``) fills an empty
+cache from the listing by table and column instead
+(:meth:`Store.list_packed_tables_at`, :meth:`VersionedCache.fill`): neither an
+object per row nor a :class:`Change` per object is built (a fifth of a first
+sync of 100k objects, tools/bench/resync.py).
 
 The garbage collector is off while a relist builds its objects: a resync of a
 million objects allocates millions of containers, each allocation counts
@@ -34,11 +39,13 @@ __all__ = ["Relisted", "relist"]
 
 class Relisted(NamedTuple):
     """What a relist found: the changes the cache had missed, how many objects the store holds for
-    the topics, and the store revision the listing reflects (every write up to it is in it)."""
+    the topics, the store revision the listing reflects (every write up to it is in it), and how
+    many changes there were (``len(changes)``, unless they were not built: ``relist(changes=False)``)."""
 
     changes: list[Change]
     objects: int
     revision: int
+    changed: int
 
 
 @contextmanager
@@ -58,7 +65,8 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def relist(store: Store, cache: VersionedCache, topics: set[str], values: bool = True) -> Relisted:
+def relist(store: Store, cache: VersionedCache, topics: set[str], values: bool = True,
+           changes: bool = True) -> Relisted:
     """Make ``cache`` equal to ``store`` for ``topics``: the resync a plain :class:`Subscriber`'s
     ``on_resync`` should run (a :class:`Controller` runs it for you where a replay cannot serve).
 
@@ -67,16 +75,26 @@ def relist(store: Store, cache: VersionedCache, topics: set[str], values: bool =
     newer than the listing survives; any other, a forged 2^64-1 included, becomes the store's.
     Returns the changes the cache had missed (to hand to whatever acts on them). ``values=False``:
     the creates of a first sync may carry None for their values (see :meth:`VersionedCache.reconcile`).
+    ``changes=False``: nothing acts on the changes (nor on their values), and a first sync into an
+    empty cache builds none (:meth:`VersionedCache.fill`); ``changed`` still counts them.
     """
     with _gc_paused():
         cache.begin_relist()
+        if not changes and not len(cache) and not cache.tombstones():
+            tables, revision = store.list_packed_tables_at(topics)
+            created = cache.fill(tables)
+            if created is not None:
+                return Relisted([], created, revision, created)
+            cache.begin_relist()  # events came meanwhile: the listing below is read after them
         if len(cache):
             versions, revision = store.list_versions_at(topics)
             stale, same = cache.diff(versions)
             if len(stale) * 2 <= len(versions):
                 # An object moved to another topic since the listing is, for these topics, deleted.
                 fetched = [obj for obj in store.get_many(stale) if obj.topic in topics] if stale else []
-                return Relisted(cache.reconcile(topics, fetched, revision, same), len(versions), revision)
+                found = cache.reconcile(topics, fetched, revision, same)
+                return Relisted(found, len(versions), revision, len(found))
             cache.begin_relist()  # the full listing below is read after the versions
         objects, blobs, revision = store.list_packed_at(topics, values)  # the cache keeps the store's bytes
-        return Relisted(cache.reconcile(topics, objects, revision, blobs=blobs, values=values), len(objects), revision)
+        found = cache.reconcile(topics, objects, revision, blobs=blobs, values=values)
+        return Relisted(found, len(objects), revision, len(found))

@@ -350,11 +350,12 @@ class Controller:
         if self.bootstrap is not None and topics - self._listed:
             truth = self._list(topics)
             changes, read, entries, how = self.cache.reconcile(topics, truth), len(truth), 0, "relist"
+            changed = len(changes)
             cause = "first_sync"
             self.stats.inc("relists", reason=cause)
         else:
             try:
-                changes, read, entries, how, cause = self._repair(topics, cause)
+                changes, changed, read, entries, how, cause = self._repair(topics, cause)
             except BaseException:  # retried later (the subscriber backs off): under the same causes
                 with self._causes_lock:
                     for topic in topics:
@@ -362,7 +363,7 @@ class Controller:
                 raise
         self._last_repair = time.monotonic()
         position = min(self.positions.values(), default=0)
-        self.last_repair = Repair(how, cause, tuple(sorted(topics)), entries, read, len(changes), position, time.time())
+        self.last_repair = Repair(how, cause, tuple(sorted(topics)), entries, read, changed, position, time.time())
         reconcilers, indexers = self.reconcilers, self.indexers
         wanted = reconcilers.keys() | indexers.keys()
         pending: list[_Ident] = []
@@ -375,16 +376,17 @@ class Controller:
             self._changed(ch.table, ch.key, obj, ch.previous, indexers.get(ch.table), pending)
         if pending:
             self.queue.add_many(pending)
-        self.stats.inc("resync_changes", len(changes))
+        self.stats.inc("resync_changes", changed)
         if self.on_reconciled is not None:
             self.on_reconciled(topics, changes)
         log.log(logging.DEBUG if cause == "checkpoint" and not changes else logging.INFO, "repaired by %s", how,
                 extra={"controller": self.name, "topics": sorted(topics), "cause": cause, "entries_read": entries,
-                       "objects_read": read, "changes": len(changes), "position": position})
+                       "objects_read": read, "changes": changed, "position": position})
 
-    def _repair(self, topics: set[str], cause: str) -> tuple[list[Change], int, int, str, str]:
+    def _repair(self, topics: set[str], cause: str) -> tuple[list[Change], int, int, int, str, str]:
         """Repair ``topics`` by replay, or by relist where a replay cannot (see the module's doc);
-        (changes, objects read, feed entries read, "replay" or "relist", the cause it is counted under)."""
+        (changes, how many (built or not), objects read, feed entries read, "replay" or "relist",
+        the cause it is counted under)."""
         positions = self.positions
         if cause != "periodic" and positions and topics <= positions.keys():
             covered = set(positions)  # the feed is read for all: each topic's entries come along
@@ -407,7 +409,7 @@ class Controller:
                 self.stats.inc("replays", reason=cause)
                 self.stats.inc("replay_entries", done.entries)
                 self.stats.inc("replay_objects", done.objects)
-                return done.changes, done.objects, done.entries, "replay", cause
+                return done.changes, len(done.changes), done.objects, done.entries, "replay", cause
         elif cause != "periodic":
             cause = "first_sync"
         if cause in ("history_gone", "too_far_behind"):
@@ -416,8 +418,10 @@ class Controller:
             topics = topics | positions.keys()
         # versions first, truth wins (dfpubsub.controller.relist)
         # The changes' values feed only indexes and on_reconciled: without them a first sync never
-        # holds every value decoded at once (reconcilers read the cache).
-        found = relist(self.store, self.cache, topics, values=bool(self.indexers or self.on_reconciled))
+        # holds every value decoded at once (reconcilers read the cache). Without reconcilers either,
+        # nothing acts on a change: a first sync builds none.
+        values = bool(self.indexers or self.on_reconciled)
+        found = relist(self.store, self.cache, topics, values=values, changes=values or bool(self.reconcilers))
         self._listed |= topics
         if topics >= positions.keys():
             self._touched.clear()
@@ -428,7 +432,7 @@ class Controller:
             positions[topic] = found.revision
         self.stats.inc("relists", reason=cause)
         self.stats.inc("relist_objects", found.objects)
-        return found.changes, found.objects, 0, "relist", cause
+        return found.changes, found.changed, found.objects, 0, "relist", cause
 
     def _changed(self, table: str, key: str, obj: VersionedObject | None, previous: VersionedObject | None,
                  indexer: Indexer | None, pending: list[_Ident]) -> None:

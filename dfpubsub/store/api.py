@@ -17,7 +17,8 @@ import abc
 import asyncio
 import builtins
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import groupby
 from typing import Any, NamedTuple
 
 import msgpack
@@ -27,7 +28,7 @@ from ..events import VersionedObject
 from .feed import DEFAULT_BATCH, FeedEntry, FeedReader, FeedRetention
 from .outbox import Outbox
 
-__all__ = ["Store", "AsyncStore", "ObjectVersion", "DEFAULT_MAX_VALUE_BYTES", "check_name"]
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "PackedTable", "DEFAULT_MAX_VALUE_BYTES", "check_name"]
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -47,6 +48,17 @@ class ObjectVersion(NamedTuple):
     table: str
     key: str
     version: int
+
+
+class PackedTable(NamedTuple):
+    """Objects of one table, by column (in step): their topics, keys, versions, and their values'
+    bytes as the store holds them (see :meth:`Store.list_packed_tables_at`)."""
+
+    table: str
+    topics: Sequence[str]
+    keys: Sequence[str]
+    versions: Sequence[int]
+    blobs: Sequence[bytes]
 
 
 def decode_value(blob: bytes) -> Any:
@@ -144,6 +156,13 @@ class Store(abc.ABC):
         None: a listing of a million objects then never holds a million decoded values at once."""
         topics = set(topics)
         return self._list_packed_at(topics, values) if topics else ([], [], 0)
+
+    def list_packed_tables_at(self, topics: Iterable[str]) -> tuple[builtins.list[PackedTable], int]:
+        """:meth:`list_packed_at` without values, by table and column: what a cache filled from scratch
+        keeps, with no object per row to build (dfpubsub.controller.cache). Every value is still
+        decoded (a foreign one is skipped, as always) and dropped. A table may come in several parts."""
+        topics = set(topics)
+        return self._list_packed_tables_at(topics) if topics else ([], 0)
 
     def list_versions_at(self, topics: Iterable[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:
         """:meth:`list_versions` as plain (topic, table, key, version) tuples, and the store
@@ -285,6 +304,19 @@ class Store(abc.ABC):
         pack = msgpack.Packer().pack
         blobs = [pack(o.value) for o in objects]
         return objects if values else [o._replace(value=None) for o in objects], blobs, revision
+
+    def _list_packed_tables_at(self, topics: set[str]) -> tuple[builtins.list[PackedTable], int]:
+        """The packed listing, cut into columns at each change of table."""
+        objects, blobs, revision = self._list_packed_at(topics, False)
+        if not objects:
+            return [], revision
+        topic_col, table_col, key_col, version_col, _ = zip(*objects)
+        out, at = [], 0
+        for table, run in groupby(table_col):
+            end = at + len(list(run))
+            out.append(PackedTable(table, topic_col[at:end], key_col[at:end], version_col[at:end], blobs[at:end]))
+            at = end
+        return out, revision
 
     @abc.abstractmethod
     def _list_versions_at(self, topics: set[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:

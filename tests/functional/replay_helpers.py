@@ -90,7 +90,7 @@ class Counted:
     the store itself untouched): what a controller reading through it cost the store."""
 
     READS = ("get", "get_many", "list", "list_topics", "list_versions", "list_at", "list_packed_at",
-             "list_versions_at")
+             "list_packed_tables_at", "list_versions_at")
 
     def __init__(self, store):
         self.store = store
@@ -107,6 +107,8 @@ class Counted:
                 n = int(out is not None)
             elif name in ("list_at", "list_packed_at", "list_versions_at"):
                 n = len(out[0])
+            elif name == "list_packed_tables_at":
+                n = sum(len(part.keys) for part in out[0])
             else:
                 n = len(out)
             with self._lock:

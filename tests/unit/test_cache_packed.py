@@ -89,6 +89,75 @@ def test_a_foreign_row_is_skipped_in_both_lists_in_step(store, tmp_path):
     assert [o.key for o in objects] == ["good1", "good2"] and blobs == [msgpack.packb({"a": 1}), msgpack.packb({"a": 2})]
 
 
+def _foul(path, rows):
+    """Rows another tool wrote straight into the store's file, bypassing the store's triggers (a
+    foreign version would not even fit a feed entry), which its schema then puts back."""
+    from dfpubsub.store.sqlite import _SCHEMA
+
+    conn = sqlite3.connect(path)
+    conn.executescript("DROP TRIGGER nb_write_on_insert; DROP TRIGGER nb_write_on_update;")
+    conn.executemany("INSERT INTO nb_objects VALUES (?, ?, ?, ?, ?)", rows)
+    conn.commit()
+    conn.executescript(_SCHEMA)
+    conn.close()
+
+
+def test_a_first_sync_without_changes_fills_the_cache_as_the_store_holds_it(store, tmp_path):
+    from dfpubsub.backends.foreign import SKIPPED
+
+    for i in range(30):
+        store.create("port", f"p{i}", {"i": i, "name": f"port-{i}"}, topic="tenant" if i % 3 == 0 else None)
+        store.create("network", f"n{i}", [i, "x" * i], topic="tenant" if i % 3 == 0 else None)
+    # Beside the ports (the networks are all sound): bad msgpack, a truncated value, a version as
+    # text, a value as text, a key as a blob.
+    _foul(f"{tmp_path}/nb.sqlite", [("port", "bad", "port", 99, b"\xc1"), ("port", "cut", "port", 99, b"\x92\x01"),
+                                    ("port", "vtext", "port", "abc", msgpack.packb(1)),
+                                    ("port", "value-text", "port", 99, "text"),
+                                    ("port", b"blob-key", "port", 99, msgpack.packb(1))])
+    topics = {"port", "network", "tenant"}
+    skipped = SKIPPED.get("store_object")
+    cache = VersionedCache(decoded=0)
+    found = relist(store, cache, topics, values=False, changes=False)
+    assert found.changes == [] and found.changed == found.objects == 60 and SKIPPED.get("store_object") == skipped + 5
+    # The same records, byte for byte, as a first sync that builds its changes.
+    built = VersionedCache(decoded=0)
+    assert relist(store, built, topics).changed == 60 and cache._tables == built._tables
+    assert {(o.table, o.key): o for o in cache.items()} == {(o.table, o.key): o for o in store.list_topics(topics)}
+    assert cache.get("port", "p3").topic == "tenant" and cache.get("port", "p4").topic == "port"
+    assert cache.get("network", "n3").topic == "tenant" and cache.get("network", "n4").topic == "network"
+    assert cache.usage() == built.usage() and {t: u.bytes for t, u in cache.usage().items()} == accounted(cache)
+    # The columns of SQLite's listing are those any other backend's (the base class's) cut from its objects.
+    from dfpubsub.store import Store
+
+    def rows(parts):
+        return sorted((p.table, *row) for p in parts for row in zip(p.topics, p.keys, p.versions, p.blobs))
+
+    fast, revision = store.list_packed_tables_at(topics)
+    generic, generic_revision = Store._list_packed_tables_at(store, topics)
+    assert rows(fast) == rows(generic) and len(rows(fast)) == 60 and revision == generic_revision
+
+
+def test_a_first_sync_without_changes_applies_the_transform_and_leaves_a_held_cache_to_reconcile(store):
+    store.create("port", "p1", {"mac": "m1", "description": "x" * 50})
+    stripped = VersionedCache(transforms={"port": lambda v: {"mac": v["mac"]}})
+    found = relist(store, stripped, {"port"}, values=False, changes=False)
+    assert found.changed == 1 and stripped.get("port", "p1").value == {"mac": "m1"}
+    assert stripped.usage()["port"].bytes == len(msgpack.packb({"mac": "m1"})) + len("p1")
+    # A cache that holds anything is never filled: truth wins through reconcile, and its changes are built.
+    cache = VersionedCache()
+    cache.apply(ev("create", 2**63, key="p1", value="forged"))
+    cache.apply(ev("create", 2**63, key="ghost", value="forged"))
+    assert cache.fill([]) is None
+    found = relist(store, cache, {"port"}, changes=False)
+    assert sorted((c.action, c.key) for c in found.changes) == [(Action.DELETE, "ghost"), (Action.UPDATE, "p1")]
+    assert found.changed == 2 and cache.items() == store.list_topics({"port"})
+    # Nothing but tombstones: reconciled too, and a tombstone of the store's object goes.
+    graves = VersionedCache()
+    graves.apply(ev("delete", 2**63, key="p1"))
+    found = relist(store, graves, {"port"}, changes=False)
+    assert found.changed == 1 and graves.items() == store.list_topics({"port"})
+
+
 def test_the_last_objects_written_are_read_decoded_and_never_stale():
     cache = VersionedCache(decoded=2)
     for i in range(3):

@@ -317,6 +317,23 @@ def test_synced_waits_for_the_initial_state_to_be_reconciled(env):
     assert len(seen.objects) == 20
 
 
+def test_a_cache_only_first_sync_builds_no_changes_and_a_reconciler_still_gets_every_key(env):
+    store, api, controller = env
+    for i in range(40):
+        store.create("port", f"p{i}", {"i": i})
+        store.create("network", f"n{i}", {"i": i})
+    listed = {(o.table, o.key): o for o in store.list()}
+    cache_only, seen = controller(), Seen()
+    reconciled = controller(reconcilers={"port": seen})
+    for ctrl in (cache_only, reconciled):
+        assert {(o.table, o.key): o for o in ctrl.cache.items()} == listed
+        assert ctrl.last_repair.changes == 80 and ctrl.stats.get("resync_changes") == 80
+    assert sorted(seen.objects) == sorted(f"p{i}" for i in range(40))
+    # After it, a cache-only controller keeps following the events.
+    made = api.create("network", "later", {"i": -1})
+    wait_for(lambda: cache_only.cache.get("network", "later") == made, what="the event in the cache-only cache")
+
+
 def test_indexes_follow_the_cache_and_listers_read_them(env):
     store, api, controller = env
     ctrl = controller(reconcilers={"port": Seen()},
