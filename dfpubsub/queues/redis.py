@@ -83,10 +83,10 @@ end
 -- The queue at meta, res (reservations), entries, read once and proved ours before the caller
 -- writes anything (a script is not rolled back when a call fails): nil when it does not exist,
 -- false plus the culprit's position (1 meta, 2 reservations, 3 entries) and why when something
--- there is foreign, else its state, expired reservations swept. A caller that touches the
--- reservations only through this sweep (the outbox: sweep_only) has their type proved only when
--- the counters say there are some: a step fewer on every notified write; it makes none either,
--- so their stale_after is neither read nor proved.
+-- there is foreign, else its state, expired reservations swept. The reservations are counted
+-- (and their type proved) by one ZCARD, even where the reserved bytes say 0: reservations of 0
+-- bytes hold an entry's place each. A caller that touches the reservations only through the
+-- sweep (the outbox: sweep_only) makes none, so their stale_after is neither read nor proved.
 local function queue_read(meta, res, entries, now, sweep_only)
   local m
   if sweep_only then
@@ -105,12 +105,12 @@ local function queue_read(meta, res, entries, now, sweep_only)
   end
   local len = redis.pcall('XLEN', entries)
   if type(len) == 'table' then return false, 3, 'queue entries are not a stream' end
-  local held, reserved = 0, tonumber(m[4])
-  if not sweep_only or reserved > 0 then
-    local t = redis.call('TYPE', res)['ok']
-    if t ~= 'zset' and t ~= 'none' then return false, 2, 'queue reservations are a ' .. t .. ', not a sorted set' end
+  -- Counted whatever the reserved bytes say: a reservation of 0 bytes holds an entry's place too.
+  local reserved, held = tonumber(m[4]), redis.pcall('ZCARD', res)
+  if type(held) == 'table' then
+    return false, 2, 'queue reservations are a ' .. redis.call('TYPE', res)['ok'] .. ', not a sorted set'
   end
-  if reserved > 0 then  -- else there are no reservations to count or sweep
+  if held > 0 then  -- else there are no reservations to sweep
     reserved = reserved - sweep(meta, res, now)
     held = redis.call('ZCARD', res)
   end

@@ -205,6 +205,21 @@ def test_stale_reservations_expire_in_real_time(opened, wait_for):
         q.commit("t", crashed, b"too late")
 
 
+def test_reservations_of_no_bytes_hold_their_places_until_they_expire(q, clock):
+    """The reserved bytes stay 0, yet each reservation holds an entry's place (Redis once looked
+    at its reservations only when their bytes were not 0: found by test_accounting_never_leaks)."""
+    q.create_queue("zero", max_bytes=100, max_entries=2, stale_after=10)
+    q.reserve("zero", 0)
+    q.reserve("zero", 0)
+    with pytest.raises(QueueFull):
+        q.reserve("zero", 0)
+    assert stats(q, "zero") == (0, 0, 2, 0)
+    clock.advance(11)
+    assert stats(q, "zero") == (0, 0, 0, 0)
+    q.reserve("zero", 0)
+    assert stats(q, "zero") == (0, 0, 1, 0)
+
+
 def test_expiry_is_exact_and_commit_refuses_expired(q, clock):
     q.create_queue("t", max_bytes=100, max_entries=10, stale_after=10)
     a = q.reserve("t", 40)
