@@ -84,9 +84,10 @@ end
 -- writes anything (a script is not rolled back when a call fails): nil when it does not exist,
 -- false plus the culprit's position (1 meta, 2 reservations, 3 entries) and why when something
 -- there is foreign, else its state, expired reservations swept. The reservations are counted
--- (and their type proved) by one ZCARD, even where the reserved bytes say 0: reservations of 0
--- bytes hold an entry's place each. A caller that touches the reservations only through the
--- sweep (the outbox: sweep_only) makes none, so their stale_after is neither read nor proved.
+-- by one ZCARD, even where the reserved bytes say 0: reservations of 0 bytes hold an entry's
+-- place each. A caller that touches the reservations only through the sweep (the outbox:
+-- sweep_only) makes none, so their stale_after is neither read nor proved, and a foreign key
+-- in their place stops it only when the reserved bytes say it would have to sweep there.
 local function queue_read(meta, res, entries, now, sweep_only)
   local m
   if sweep_only then
@@ -108,7 +109,10 @@ local function queue_read(meta, res, entries, now, sweep_only)
   -- Counted whatever the reserved bytes say: a reservation of 0 bytes holds an entry's place too.
   local reserved, held = tonumber(m[4]), redis.pcall('ZCARD', res)
   if type(held) == 'table' then
-    return false, 2, 'queue reservations are a ' .. redis.call('TYPE', res)['ok'] .. ', not a sorted set'
+    if not sweep_only or reserved > 0 then
+      return false, 2, 'queue reservations are a ' .. redis.call('TYPE', res)['ok'] .. ', not a sorted set'
+    end
+    held = 0  -- foreign, but with nothing reserved the outbox would not even sweep it: passed by
   end
   if held > 0 then  -- else there are no reservations to sweep
     reserved = reserved - sweep(meta, res, now)
