@@ -31,8 +31,11 @@ __all__ = ["Store", "AsyncStore", "ObjectVersion", "open_store", "open_store_fro
            "DEFAULT_MAX_VALUE_BYTES", "MISSING_HINT", "FeedEntry", "FeedReader", "FeedRetention"]
 
 
+_CREATE_HINT = "create it with df-db init (or set [store] create = true)"
 #: What to do about a store that does not exist, as daemons say it.
-MISSING_HINT = "create it with df-db init (or set [store] create = true), or fix store.url"
+MISSING_HINT = f"{_CREATE_HINT}, or fix store.url"
+#: The same for a store on a server, which its prefix locates too.
+_MISSING_ON_SERVER_HINT = f"{_CREATE_HINT}, or fix store.url or store.prefix"
 
 
 def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
@@ -78,7 +81,7 @@ def open_store_from_settings(settings: Settings, create: bool = False) -> Store:
             store.initialize()
         elif not store.initialized():
             raise StoreMissing(f"no store at {redacted(s.url)} under prefix {s.prefix!r} (nothing was ever written "
-                               f"there); {MISSING_HINT.replace('store.url', 'store.url or store.prefix')}")
+                               f"there); {_MISSING_ON_SERVER_HINT}")
     except BaseException:
         store.close()
         raise
