@@ -77,9 +77,11 @@ def send_loop(burst: Callable[[int, int], None], seconds: float, rate: float) ->
             "late": p50_p99(late, 1e3), "bursts": p50_p99(bursts)}
 
 
-def warm_up(publish: Callable[..., int], warm: MpEvent) -> Callable[[int, int], None]:
+def warm_up(publish: Callable[..., int], warm: MpEvent,
+            flush: Callable[[], None] | None = None) -> Callable[[int, int], None]:
     """Publish warm-up events until the subscriber says one per topic got through (its
-    subscription is live); return the ``burst`` that publishes the measured events."""
+    subscription is live); return the ``burst`` that publishes the measured events, and ends
+    with ``flush()`` if one is given."""
     deadline = time.monotonic() + CONNECT_TIMEOUT
     while not warm.is_set():
         for topic in TOPICS:
@@ -91,6 +93,8 @@ def warm_up(publish: Callable[..., int], warm: MpEvent) -> Callable[[int, int], 
     def burst(i: int, n: int) -> None:
         for j in range(i, i + n):
             publish(TOPICS[j % n_topics], TABLE, KEYS[j & 1023], "update", j + 1, VALUE, timestamp=now())
+        if flush is not None:
+            flush()
 
     return burst
 
@@ -129,12 +133,15 @@ def run_pair(ctx: ForkServerContext, label: str, pub: Callable[..., None], sub: 
 @dataclass(frozen=True)
 class DriverSpec:
     """Which driver the full stack runs on: the publisher's URL, the subscriber's, their options,
-    and whether the subscriber connects to the endpoint the publisher reports (ZeroMQ)."""
+    whether the subscriber connects to the endpoint the publisher reports (ZeroMQ), and whether
+    the publisher flushes at the end of each burst, as df-feed does after each page of its feed
+    (else its batches leave when full or when their linger ends)."""
 
     pub_url: str
     sub_url: str
     options: dict[str, Any] = field(default_factory=dict)
     connect: bool = False
+    flush_bursts: bool = False
 
 
 def pub_worker(conn: Connection, warm: MpEvent, seconds: float, rate: float, spec: DriverSpec) -> None:
@@ -142,7 +149,7 @@ def pub_worker(conn: Connection, warm: MpEvent, seconds: float, rate: float, spe
     stats = Stats("publisher", "bench-pub")
     pub = Publisher(load_driver(spec.pub_url, spec.options).publisher(stats), "bench-pub", PublisherOptions(), stats)
     conn.send(pub.transport.uri)
-    report = send_loop(warm_up(pub.publish, warm), seconds, rate)
+    report = send_loop(warm_up(pub.publish, warm, pub.flush if spec.flush_bursts else None), seconds, rate)
     pub.flush()
     pub.close()
     conn.send({**report, "id": pub.id, "seqs": pub.sequences(), "stats": stats.snapshot()})

@@ -20,8 +20,14 @@ the mock measures the endpoint and the worker, not a real cluster).
 Isolation half (tools/bench/notify_isolation.py): a healthy topic's delivery p99 with six hung
 endpoints beside it (``isolation_p99_s``) and without them (``isolation_baseline_p99_s``).
 
+After each of SQLite and Redis, the floor of tools/bench/notify_floor.py (the backend's own
+client: its update, then the update with a bounded queue's append) runs on the same machine
+in the same run (``<backend>_floor_ratio``): what the append costs with no dfpubsub code, which
+the write ratio is read against (a noisy machine moves both).
+
 Last line: ``{"bench": "notify", "<backend>_write_ratio": R, "<backend>_writes_per_s": N,
-"<backend>_notified_writes_per_s": N, ..., "delivery_per_s": N, "kafka_delivery_per_s": N, "isolation_p99_s": S,
+"<backend>_notified_writes_per_s": N, "<backend>_floor_ratio": R, ..., "delivery_per_s": N,
+"kafka_delivery_per_s": N, "isolation_p99_s": S,
 "isolation_baseline_p99_s": S}``. Targets: write ratio >= 0.85 with 11 shards on SQLite and
 Redis; delivery >= 5,000 notifications/s per worker, to a webhook and to Kafka; isolation p99 <= 2x its baseline.
 """
@@ -37,6 +43,7 @@ from typing import Any
 from backends import bench_store
 from nb_write import TABLES, VALUE, nbapi_rate
 from notify_delivery import delivery_rate, kafka_delivery_rate
+from notify_floor import redis_rates, sqlite_rates
 from notify_isolation import isolation_p99
 
 from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
@@ -47,6 +54,9 @@ from dfpubsub.store import Store
 __all__ = ["write_ratios", "main"]
 
 SHARDS = 11
+#: What the backends' own clients pay for the same append (``<backend>_floor_ratio``): a write
+#: ratio is read against the floor measured in the same run, on the same machine.
+FLOORS = {"sqlite": sqlite_rates, "redis": redis_rates}
 
 
 def _empty(registry: NotificationRegistry, topic: Topic) -> None:
@@ -102,6 +112,12 @@ def write_ratios(args: argparse.Namespace) -> dict[str, Any]:
                           f"({how}) {rate:,.0f} writes/s; ratio {rate / base:.2f}", flush=True)
                     result.update({f"{name}_writes_per_s": round(base), f"{name}_notified_writes_per_s": round(rate),
                                    f"{name}_write_ratio": round(rate / base, 2)})
+            if backend in FLOORS:
+                floor = FLOORS[backend](tmp, args.writes, args.rounds)
+                ratio = floor["queue"] / floor["alone"]
+                print(f"[{backend}] floor in the same run (tools/bench/notify_floor.py: the raw client's update, "
+                      f"then with a bounded queue's append): ratio {ratio:.2f}", flush=True)
+                result[f"{backend}_floor_ratio"] = round(ratio, 2)
     return result
 
 

@@ -9,6 +9,9 @@ TCP, with ~200-byte events round-robin on four topics:
   Baseline and phase 1 alternate for ``--rounds`` rounds; the best of each counts.
 * phase 2, latency: the full stack at half the phase-1 rate, paced in 1 ms bursts;
   p50/p99 of ``time.time() - event.timestamp`` taken in the handler.
+* phase 2b, flushed bursts: phase 2 again, with the publisher calling ``flush()`` at the end of
+  each burst, as df-feed does after each page of its feed: what a producer that knows where its
+  bursts end sees, against phase 2's producer that leaves its partial batches to ``batch_linger``.
 * phase 3, low rate: raw pyzmq, then the full stack, each at a steady ``LOW_RATE``
   (10k events/s, paced alike); p50/p99 latency as in phase 2 (the raw subscriber
   reads the clock on the same events). This is the latency of light traffic, the
@@ -32,6 +35,7 @@ import multiprocessing as mp
 import sys
 import time
 from array import array
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         flat = run_phase(ctx, "throughput", 0.32 * total / rounds, 0, SPEC)
         flat_rate, lost = max(flat_rate, flat["rate"]), lost + flat["lost_undetected"]
     paced = run_phase(ctx, "latency", 0.24 * total, flat_rate / 2, SPEC)
-    lost += paced["lost_undetected"]
+    flushed = run_phase(ctx, "latency-flushed", 0.16 * total, flat_rate / 2, replace(SPEC, flush_bursts=True))
+    lost += paced["lost_undetected"] + flushed["lost_undetected"]
     _, base_low = run_pair(ctx, "baseline-low-rate", base_pub_worker, base_sub_worker, 0.16 * total, LOW_RATE)
     print(f"[baseline-low-rate] raw pyzmq at {LOW_RATE}/s: latency p50 {base_low['p50_ms']:.3f} ms, "
           f"p99 {base_low['p99_ms']:.3f} ms", flush=True)
@@ -151,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_low_rate_p50_ms": round(base_low["p50_ms"], 3),
         "baseline_low_rate_p99_ms": round(base_low["p99_ms"], 3),
         "p99_parts_ms": {k: round(v["p99"], 3) for k, v in paced["parts"].items()},
+        "flushed_p50_ms": round(flushed["p50_ms"], 3), "flushed_p99_ms": round(flushed["p99_ms"], 3),
+        "flushed_p99_parts_ms": {k: round(v["p99"], 3) for k, v in flushed["parts"].items()},
         "low_rate_p99_parts_ms": {k: round(v["p99"], 3) for k, v in low["parts"].items()},
         "low_rate_gc_max_ms": round(low["gc"]["gc_max_ms"], 3), "lost_undetected": lost,
     }), flush=True)
