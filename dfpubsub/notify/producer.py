@@ -74,6 +74,7 @@ from ..store import Store
 from ..store.outbox import Outbox
 from .notification import Notification, encode, encode_change, encode_head, notification_id
 from .registry import Match, NotificationRegistry
+from .steps import step
 from .topics import Topic, event_name
 
 __all__ = ["Notifier", "Pending", "DEFAULT_CREDIT", "DEFAULT_CREDIT_SIZE"]
@@ -224,10 +225,12 @@ class Notifier:
         if not self.queues.shares_store(store):
             pending = self.prepare(table, key, action, value)
             try:
+                step("after_reserve")
                 obj = write(None)
             except BaseException:
                 self.abort(pending)
                 raise
+            step("after_store_write")
             self.commit(pending, obj)
             return obj
         action = getattr(action, "value", action)

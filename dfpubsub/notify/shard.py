@@ -34,21 +34,10 @@ from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..queues import QueueEntry, QueueStore
 from .notification import Notification, decode
+from .steps import step
 from .topics import Topic
 
-__all__ = ["ShardRound", "Slots", "ATTEMPTS_KIND", "STEP_HOOKS"]
-
-#: Actions run when a delivery round reaches a named step (``after_send``: an endpoint
-#: acknowledged a batch not yet removed; ``after_set_aside``: entries were dead-lettered and
-#: removed). Empty in production; chaos tests arm them through :mod:`dfpubsub.testing.crash`
-#: to kill the process at the worst moment, so the seam costs one dict lookup.
-STEP_HOOKS: dict[str, Callable[[], None]] = {}
-
-
-def _step(name: str) -> None:
-    action = STEP_HOOKS.get(name)
-    if action is not None:
-        action()
+__all__ = ["ShardRound", "Slots", "ATTEMPTS_KIND"]
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +160,7 @@ class ShardRound:
         await self._remove(pending)
 
     async def _remove(self, delivered: Sequence[_Item]) -> None:
-        _step("after_send")
+        step("after_send")
         await self._queue(self.queues.remove_markers, [e.marker for e, _ in delivered])
         self.stats.inc("delivered", len(delivered))
 
@@ -192,7 +181,7 @@ class ShardRound:
         """Record ``entries`` as dead letters and remove them, in one atomic step."""
         for i in range(0, len(entries), self.queues.max_batch):
             await self._queue(self.queues.set_aside, entries[i:i + self.queues.max_batch], reason)
-        _step("after_set_aside")
+        step("after_set_aside")
         self.stats.inc("dead_letters", len(entries), reason=reason.split(" ", 1)[0].rstrip(":"))
         log.warning("dead-lettered notifications", extra={"shard": self.name, "count": len(entries),
                                                           "reason": reason})

@@ -2,7 +2,9 @@
 
 A crash point is a step of a daemon where dying does the most harm
 (``notify.after_send``: an endpoint acknowledged a batch that is not removed
-yet). The code under test only offers the seam (:data:`dfpubsub.notify.shard.STEP_HOOKS`);
+yet; ``notify.after_store_write``: a writer whose queues live apart from its store made its
+store write and has not committed its notifications). The code under test only offers the
+seam (:mod:`dfpubsub.notify.steps`);
 nothing is armed unless a test arms it, explicitly: in its own process with
 :func:`arm`, or in a daemon it starts through this module's launcher::
 
@@ -21,17 +23,17 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
+from ..notify.steps import STEP_HOOKS, STEPS
+
 __all__ = ["POINTS", "arm", "arm_kill", "disarm", "main"]
 
 
 def _seams() -> dict[str, dict[str, Callable[[], None]]]:
-    from ..notify.shard import STEP_HOOKS
-
     return {"notify": STEP_HOOKS}
 
 
 #: The points that can be armed, ``<area>.<step>``.
-POINTS = ("notify.after_send", "notify.after_set_aside")
+POINTS = tuple(f"notify.{name}" for name in STEPS)
 
 
 def _hooks(point: str) -> tuple[dict[str, Callable[[], None]], str]:
