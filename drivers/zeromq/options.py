@@ -45,6 +45,13 @@ class ZmqOptions(BaseModel):
     peer_bytes_per_second: float = Field(
         128.0, ge=0, description="Publisher: bytes a second of connection a tcp subscriber may send on top of "
                                  "max_peer_bytes (ZMTP heartbeats).")
+    max_peers: int = Field(
+        4096, ge=1, description="Publisher: tcp subscribers connected at once; the newest beyond are cut off "
+                                "(each costs libzmq its pipes and up to its own budget; docs/security.md).")
+    max_peers_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Publisher: bytes all tcp subscribers together may send beyond "
+                                               "peer_bytes_per_second (their subscriptions' memory in libzmq, "
+                                               "~45 bytes a byte); beyond, the heaviest are cut off.")
     peer_stall_timeout: float = Field(
         10.0, ge=0, description="Publisher: cut off a tcp subscriber that acknowledged nothing this long while "
                                 "data waits for it, seconds (0: never; what waits is bounded by sndhwm).")

@@ -16,7 +16,14 @@ drops the peer's pipe and frees its subscriptions)
   for each second it has been connected (ZMTP heartbeats): ``peers_cut{reason="flood"}``;
 - when data waits for it and it has acknowledged nothing for
   ``peer_stall_timeout`` seconds, so that what libzmq queues for it (up to
-  ``sndhwm`` envelopes) does not stay: ``peers_cut{reason="stalled"}``.
+  ``sndhwm`` envelopes) does not stay: ``peers_cut{reason="stalled"}``;
+- when more than ``max_peers`` are connected, the newest beyond:
+  ``peers_cut{reason="too_many"}`` (each costs libzmq its pipes, and may cost
+  its own budget);
+- when all of them together have sent more than ``max_peers_bytes`` beyond
+  their ``peer_bytes_per_second``, the heaviest until they are within it:
+  ``peers_cut{reason="total_bytes"}``, so that many peers each within its own
+  budget do not add up to what one may not send.
 
 The trie grows only while the publisher's thread is inside a libzmq call and
 only by what that call reads from the peers' pipes; with ``RCVHWM`` 2 on the
@@ -56,11 +63,23 @@ _FDS = "/proc/self/fd"
 
 
 class PeerBudget(NamedTuple):
-    """What one peer may send and how long it may read nothing (see the module's doc)."""
+    """What one peer may send and how long it may read nothing, how many peers there may be
+    and what they may send together (see the module's doc)."""
 
     max_bytes: int
     bytes_per_second: float
     stall_timeout: float
+    max_peers: int = 4096
+    max_total_bytes: int = 16 * 1024 * 1024
+
+
+class _Live(NamedTuple):
+    """A peer within its own budget at a check, and what it sent beyond its allowance a second."""
+
+    peer: _Peer
+    ino: int
+    fd: int
+    sent: float
 
 
 class _Peer:
@@ -112,6 +131,11 @@ class PeerGuard:
         self._trim = _trimmer()
         #: Trims still to do after a peer left, and when the next may be.
         self._trims_due, self._next_trim = 0, 0.0
+        stats.set("tcp_peers", self.connected)
+
+    def connected(self) -> int:
+        """The tcp peers connected and not cut off at the last check."""
+        return sum(1 for peer in list(self._peers.values()) if not peer.cut)
 
     def bound(self, uri: str) -> None:
         """The endpoint the socket bound: only a tcp one has peers to watch (on Linux)."""
@@ -138,6 +162,7 @@ class PeerGuard:
         self._read, self._next_check = 0, now + _CHECK_INTERVAL
         budget = self.budget
         sockets = self._sockets()
+        live: list[_Live] = []
         for ino in [i for i in self._peers if i not in sockets]:  # gone
             del self._peers[ino]
             self._trims_due = 2
@@ -164,16 +189,45 @@ class PeerGuard:
                     continue
                 if acked != peer.acked or not (unacked or notsent):
                     peer.acked, peer.progress = acked, now
-                if received > budget.max_bytes + budget.bytes_per_second * (now - peer.since):
+                sent = received - budget.bytes_per_second * (now - peer.since)
+                if sent > budget.max_bytes:
                     self._cut(peer, sock, "flood")
                 elif budget.stall_timeout and now - peer.progress > budget.stall_timeout:
                     self._cut(peer, sock, "stalled")
+                else:
+                    live.append(_Live(peer, ino, fd, max(0.0, sent)))
+        self._bound_all(live)
         # libzmq frees a peer's subscriptions when this thread next calls into the socket after
         # the peer left, which may be after the fd went: trimmed twice, a second apart.
         if self._trims_due and self._trim is not None and now >= self._next_trim:
             self._trim(0)
             self._trims_due -= 1
             self._next_trim = now + _CHECK_INTERVAL
+
+    def _bound_all(self, live: list[_Live]) -> None:
+        """Cut off the newest peers beyond ``max_peers``, then the heaviest while all together
+        sent more than ``max_total_bytes``: the peers connected longest, which read what they
+        are sent and subscribe little, are the subscribers a flood of connections must not
+        push out."""
+        budget = self.budget
+        if len(live) > budget.max_peers:
+            live.sort(key=lambda p: p.peer.since)
+            for extra in live[budget.max_peers:]:
+                self._cut_live(extra, "too_many")
+            del live[budget.max_peers:]
+        total = sum(p.sent for p in live)
+        if total > budget.max_total_bytes:
+            for heavy in sorted(live, key=lambda p: p.sent, reverse=True):
+                if total <= budget.max_total_bytes:
+                    break
+                self._cut_live(heavy, "total_bytes")
+                total -= heavy.sent
+
+    def _cut_live(self, live: _Live, reason: str) -> None:
+        sock = _socket(live.fd, live.ino)
+        if sock is not None:
+            with sock:
+                self._cut(live.peer, sock, reason)
 
     def _sockets(self) -> dict[int, int]:
         """The process's sockets now: inode -> an fd of it."""

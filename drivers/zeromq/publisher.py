@@ -61,8 +61,8 @@ class ZmqPublisher(PublisherTransport):
         self._subscriptions = Subscriptions(self.sock, stats, opts.max_subscriptions)
         self._joined = 0
         self._looked = 0.0  # when a send last looked for subscriptions waiting (monotonic)
-        self._peers = PeerGuard(PeerBudget(opts.max_peer_bytes, opts.peer_bytes_per_second, opts.peer_stall_timeout),
-                                stats)
+        self._peers = PeerGuard(PeerBudget(opts.max_peer_bytes, opts.peer_bytes_per_second, opts.peer_stall_timeout,
+                                           opts.max_peers, opts.max_peers_bytes), stats)
         self._uri = bind(self.sock, url, opts.ipc_mode)
         self._peers.bound(self._uri)
 

@@ -149,15 +149,17 @@ def test_megabyte_names_and_ids_in_hellos_are_not_kept():
         wait_for(lambda: len(tracker.peers) >= 102, timeout=30, what="the hellos to be taken")
         assert max(len(pid) for pid in list(tracker.peers)) <= 128
         assert sink.stats.get("strings_clamped", "pub") == 50
-        assert _live_mb() - before <= 16, "the megabyte strings were kept"
+        # Kept, the strings would hold 100 MB; frames still passing through libzmq's and the
+        # allocator's buffers hold some for a moment.
+        wait_for(lambda: _live_mb() - before <= 16, timeout=10, interval=0.2, what="the megabyte strings to go")
 
 
 def test_a_subscription_flood_costs_the_publisher_bounded_memory():
     stats = Stats("publisher", "victim")
-    # The cap on topics taken, apart from the peer's byte budget (which would cut this peer off
+    # The cap on topics taken, apart from the peers' byte budgets (which would cut this peer off
     # long before: tests/chaos/test_subscription_flood.py).
-    transport = load_driver("zmq+tcp://127.0.0.1:*", {"max_subscriptions": 1000,
-                                                      "max_peer_bytes": 1 << 30}).publisher(stats)
+    transport = load_driver("zmq+tcp://127.0.0.1:*", {"max_subscriptions": 1000, "max_peer_bytes": 1 << 30,
+                                                      "max_peers_bytes": 1 << 30}).publisher(stats)
     transport.sock.setsockopt(zmq.RCVHWM, 0)  # the attacker's every message reaches it
     xsub = zmq.Context.instance().socket(zmq.XSUB)
     xsub.setsockopt(zmq.SNDHWM, 0)

@@ -31,17 +31,20 @@ def _raw_peer(uri: str, *topics: str) -> zmq.Socket:
     return sock
 
 
-def _served_throughout(pub, sink, until) -> None:
-    """Publish to the real subscriber until ``until()``; it must get every event from its first."""
+def _served_throughout(pub, sink, until, attack=None) -> None:
+    """Publish to the real subscriber until ``until()``; it must get every event from its first.
+    With ``attack``, the subscriber first gets an event, then ``attack()`` starts."""
     n = 0
 
-    def step() -> bool:
+    def publish() -> None:
         nonlocal n
         n += 1
         pub.publish("port", "port", f"k{n}", "create", n, {"v": "x" * 4000})
-        return bool(until())
 
-    wait_for(step, timeout=30, interval=0.002, what="the peer to be cut off")
+    if attack is not None:
+        wait_for(lambda: publish() or sink.keys(), interval=0.01, what="the real subscriber's first event")
+        attack()
+    wait_for(lambda: publish() or until(), timeout=30, interval=0.002, what="the peer to be cut off")
     wait_for(lambda: sink.keys()[-1:] == [f"k{n}"], what="the real subscriber's last event")
     first = int(sink.keys()[0][1:])
     assert sink.keys() == [f"k{i}" for i in range(first, n + 1)]
@@ -74,5 +77,50 @@ def test_a_peer_that_sends_more_than_its_budget_is_cut_off_and_a_real_subscriber
         _served_throughout(pub, sink, lambda: stats.get("peers_cut", "flood") >= 1)
     finally:
         peer.close(0)
+        sink.sub.close()
+        pub.close()
+
+
+def test_connections_beyond_max_peers_are_cut_off_newest_first_and_the_oldest_subscriber_is_served():
+    pub, stats = _victim(max_peers=2)
+    sink = Sink(["port"], [pub.transport.uri])
+    sink.sub.start()
+    peers = []
+    try:
+        assert sink.sub.wait_synced(10)
+        wait_for(lambda: stats.level("tcp_peers") == 1, what="the subscriber to be seen")
+
+        def connect() -> None:
+            # Four more that subscribe to nothing (so none is stalled) and reconnect when cut
+            # off: one fits beside the subscriber, the others are cut each time they come back.
+            peers.extend(_raw_peer(pub.transport.uri) for _ in range(4))
+
+        # The subscriber, served since before they came, is not pushed out.
+        _served_throughout(pub, sink, lambda: stats.get("peers_cut", "too_many") >= 3, connect)
+        assert stats.get("peers_cut", "flood") == stats.get("peers_cut", "stalled") == 0
+        assert stats.level("tcp_peers") <= 2
+    finally:
+        for peer in peers:
+            peer.close(0)
+        sink.sub.close()
+        pub.close()
+
+
+def test_peers_each_within_its_own_budget_are_cut_off_heaviest_first_beyond_what_all_may_send():
+    pub, stats = _victim(max_peer_bytes=64 * 1024, max_peers_bytes=128 * 1024)
+    sink = Sink(["port"], [pub.transport.uri])
+    sink.sub.start()
+    peers = []
+    try:
+        assert sink.sub.wait_synced(10)
+        peers = [_raw_peer(pub.transport.uri) for _ in range(4)]
+        for n, peer in enumerate(peers):  # ~48 KB each, within its own 64 KB; ~190 KB together
+            for i in range(500):
+                peer.send(b"\x01" + topic_frame(f"many-{n}-{i:06d}".ljust(94, "x")))
+        _served_throughout(pub, sink, lambda: stats.get("peers_cut", "total_bytes") >= 2)
+        assert stats.get("peers_cut", "flood") == 0, "no peer went over its own budget"
+    finally:
+        for peer in peers:
+            peer.close(0)
         sink.sub.close()
         pub.close()
