@@ -234,6 +234,11 @@ class PublisherServiceSettings(_Section):
     announce: bool = Field(True, description="Register the service in the [discovery] table.")
     advertise_host: str = Field("", description="Host subscribers reach a wildcard-bound endpoint at.")
     drain_timeout: float = Field(2.0, ge=0, description="Seconds SIGTERM waits for workers' last envelopes.")
+    max_workers: int = Field(1024, ge=1, description="Workers the service tracks for its welcomes; a worker "
+                                                     "beyond is relayed all the same, and subscribers learn its "
+                                                     "sequences from its envelopes (a resync each).")
+    max_topics: int = Field(10_000, ge=1, description="Topics the service tracks (per worker, and in all); "
+                                                      "envelopes on topics beyond are relayed all the same.")
 
 
 class NotifySettings(_Section):

@@ -49,6 +49,11 @@ class RelayOptions:
     max_idle_time: float = 5.0
     dead_after_idles: float = 3.0
     max_message_bytes: int = 1 << 20
+    #: Workers tracked for the welcomes, and topics (per worker, and in all); frames beyond are
+    #: relayed all the same, untracked (``untracked{reason}``): a flood of made-up publisher ids or
+    #: topics costs bounded memory, and the workers already tracked keep their place.
+    max_workers: int = 1024
+    max_topics: int = 10_000
 
 
 @dataclass(slots=True)
@@ -144,27 +149,39 @@ class Relay:
         if topic != expected:
             self.stats.inc("drops", reason="topic_mismatch")
             return False
+        if isinstance(env, EventBatch) and self._room(self._topics, topic):
+            self._topics[topic] = self._topics.get(topic, 0) + 1
         worker = self._workers.get(env.publisher_id)
         if isinstance(env, Bye):
             self._workers.pop(env.publisher_id, None)
             return True
         if worker is None:
+            if len(self._workers) >= self.options.max_workers:
+                self.stats.inc("untracked", reason="worker")
+                return True
             worker = self._workers[env.publisher_id] = _Worker(
                 self._kept(env.publisher_name, "name"), "", self.options.max_idle_time, now
             )
             self.stats.inc("workers_seen")
         worker.last_seen = now
         if isinstance(env, EventBatch):
-            worker.seqs[topic] = env.seq + env.count - 1
-            self._topics[topic] = self._topics.get(topic, 0) + 1
+            if self._room(worker.seqs, topic):
+                worker.seqs[topic] = env.seq + env.count - 1
         elif isinstance(env, Hello):
             worker.host = self._kept(env.host, "host")
             # 0 or less included: that worker sends no idle hellos and is never taken as dead.
             worker.max_idle = env.max_idle_time
             for t, seq in env.seqs.items():
-                if seq > worker.seqs.get(t, 0) and self._valid_topic(t):
+                if seq > worker.seqs.get(t, 0) and self._valid_topic(t) and self._room(worker.seqs, t):
                     worker.seqs[t] = seq
         return True
+
+    def _room(self, tracked: dict[str, int], topic: str) -> bool:
+        """Whether ``topic`` is in ``tracked`` or may join it (``max_topics``)."""
+        if topic in tracked or len(tracked) < self.options.max_topics:
+            return True
+        self.stats.inc("untracked", reason="topic")
+        return False
 
     def _kept(self, text: str, name: str) -> str:
         """A worker's name or host as kept (and re-sent in welcomes): at most 255 characters."""

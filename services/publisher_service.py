@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"driver {driver.name!r} needs no publisher service: workers publish directly")
         egress = driver.publisher(stats)
         ingress = driver.worker_ingress(stats, ps.multiproc_socket)
-        relay = Relay(ingress, egress, name, RelayOptions(ps.max_idle_time, ps.dead_after_idles,
-                                                          ps.max_message_bytes), stats)
+        service = settings.publisher_service
+        relay = Relay(ingress, egress, name, RelayOptions(ps.max_idle_time, ps.dead_after_idles, ps.max_message_bytes,
+                                                          service.max_workers, service.max_topics), stats)
         if settings.publisher_service.announce:
             discovery = found = discovery_from_settings(settings, create=True)
             announcer = daemon.open("discovery", lambda: PublisherAnnouncer(

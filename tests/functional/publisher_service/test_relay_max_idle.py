@@ -9,7 +9,7 @@ with a max_idle of its own, which would make subscribers take it as dead.
 import contextlib
 
 from dfpubsub import load_driver
-from dfpubsub.codec import decode, encode_hello
+from dfpubsub.codec import BatchHeader, decode, encode_batch, encode_hello, pack_event
 from dfpubsub.events import CONTROL_TOPIC, Hello
 from dfpubsub.metrics import Stats
 from dfpubsub.relay import Relay, RelayOptions
@@ -77,3 +77,29 @@ def test_relay_keeps_a_workers_strings_bounded(tmp_path):
         assert stats.get("drops", "invalid_topic") == 1
         got = [(h.publisher_name, h.host, h.seqs) for h in _welcomes(relay, sub)]
         assert got == [("n" * 255, "n" * 255, {"a": 5})]
+
+
+def test_relay_tracks_at_most_max_workers_and_max_topics_and_relays_the_rest(tmp_path):
+    """A flood of made-up worker ids or topics costs the service bounded memory; the workers it
+    tracks keep their place, and what it does not track is relayed all the same."""
+    with _relay(tmp_path, RelayOptions(max_workers=2, max_topics=3)) as (relay, push, sub, stats):
+        for topic in ("a", "e"):
+            sub.subscribe(topic)
+        push.send(CONTROL_TOPIC, encode_hello(Hello("w1", "one", 0.0, {"a": 1, "b": 2, "c": 3, "d": 4}, "start", 5.0, "h")))
+        push.send(CONTROL_TOPIC, encode_hello(Hello("w2", "two", 0.0, {"a": 5}, "start", 5.0, "h")))
+        for i in range(20):  # more workers than the service tracks, on more topics than it tracks
+            push.send("a", _batch(f"flood{i}", "a", 1))
+        push.send("e", _batch("w1", "e", 1))
+        relayed = []
+        wait_for(lambda: relay.step(0.05) >= 0 and relayed.extend(sub.recv(0.05)) is None and len(relayed) >= 21,
+                 what="every envelope relayed")
+        assert relay.workers() == {"w1": "one", "w2": "two"}
+        assert stats.get("untracked", "worker") == 20
+        assert stats.get("untracked", "topic") == 2  # w1's fourth and fifth: "d" in its hello, "e"
+        assert relay.sequences() == {"a": 20, "e": 1}
+        got = sorted((h.publisher_id, h.seqs) for h in _welcomes(relay, sub))
+        assert got == [("w1", {"a": 1, "b": 2, "c": 3}), ("w2", {"a": 5})]
+
+
+def _batch(pid: str, topic: str, seq: int) -> bytes:
+    return encode_batch(BatchHeader(pid, pid, topic), seq, 1.0, [pack_event("t", "k", "create", 1, None, 0.0)])
