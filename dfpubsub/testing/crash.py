@@ -28,8 +28,8 @@ from ..notify.steps import STEP_HOOKS, STEPS
 __all__ = ["POINTS", "arm", "arm_kill", "disarm", "main"]
 
 
-def _seams() -> dict[str, dict[str, Callable[[], None]]]:
-    return {"notify": STEP_HOOKS}
+#: The hooks of each area, by step.
+_SEAMS: dict[str, dict[str, Callable[[], None]]] = {"notify": STEP_HOOKS}
 
 
 #: The points that can be armed, ``<area>.<step>``.
@@ -40,7 +40,7 @@ def _hooks(point: str) -> tuple[dict[str, Callable[[], None]], str]:
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
     area, step = point.split(".", 1)
-    return _seams()[area], step
+    return _SEAMS[area], step
 
 
 def arm(point: str, action: Callable[[], None], times: int = 1) -> None:

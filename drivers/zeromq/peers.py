@@ -69,12 +69,13 @@ class PeerBudget(NamedTuple):
     max_bytes: int
     bytes_per_second: float
     stall_timeout: float
-    max_peers: int = 4096
-    max_total_bytes: int = 16 * 1024 * 1024
+    max_peers: int
+    max_total_bytes: int
 
 
 class _Live(NamedTuple):
-    """A peer within its own budget at a check, and what it sent beyond its allowance a second."""
+    """A peer within its own budget at a check, and the bytes it sent beyond its allowance of
+    ``bytes_per_second`` (what counts against ``max_total_bytes``)."""
 
     peer: _Peer
     ino: int
