@@ -7,13 +7,16 @@ Installed as ``dfpubsub.testing.servers``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import threading
 import urllib.request
 from pathlib import Path
 from typing import NoReturn, Self
@@ -23,12 +26,45 @@ from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay
 __all__ = ["ServerProcess", "EtcdServer", "RedisServer", "NatsServer", "TestCertificates", "free_port"]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+def _private_ports() -> range:
+    """Ports below the kernel's ephemeral range, which it never gives to an outgoing connection."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(10000, low) if low > 11000 else range(0)
+
+
+_PORTS = _private_ports()
+#: Where this process takes its next port: a random place, so that processes rarely meet.
+_next_port = itertools.count(random.randrange(max(len(_PORTS), 1)))
+_ports_lock = threading.Lock()
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now and will not be handed out again soon.
+
+    bind(0)'s port is taken from the ephemeral range, where any outgoing connection (an etcd
+    client, a writer) or a second call may take it before the server meant to bind it does (a
+    daemon failed to bind one in CI). So ports are handed out in turn from below that range."""
+    with _ports_lock:
+        for _ in range(len(_PORTS)):
+            port = _PORTS[next(_next_port) % len(_PORTS)]
+            if _bindable(port):
+                return port
+    with socket.socket() as s:  # no such range here (not Linux): the kernel's choice
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+        chosen: int = s.getsockname()[1]
+    return chosen
 
 
 class ServerProcess:
