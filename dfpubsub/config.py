@@ -73,6 +73,8 @@ class PubSubSettings(_Section):
     batch_max_bytes: int = Field(256 * 1024, ge=256, description="Bytes of events per envelope at most.")
     batch_linger: float = Field(0.002, ge=0, description="Seconds a partial batch of a busy publisher waits for more events (0: no batching); "
                                 "below 30 events per ms every event is sent at once.")
+    batch_pause: float = Field(0.0001, ge=0, description="Seconds without a publish after which a partial batch "
+                               "leaves before its linger: the caller's burst has ended (0: wait out the linger).")
     max_message_bytes: int = Field(1 << 20, ge=1024, description="Largest envelope sent or accepted, bytes.")
     queue_size: int = Field(4096, ge=1, description="Envelopes buffered between receive and dispatch.")
     max_held: int = Field(1024, ge=1, description="Envelopes held per stream while a gap is open.")

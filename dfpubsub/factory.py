@@ -26,6 +26,7 @@ def publisher_options(s: PubSubSettings) -> PublisherOptions:
         batch_max_events=s.batch_max_events,
         batch_max_bytes=s.batch_max_bytes,
         batch_linger=s.batch_linger,
+        batch_pause=s.batch_pause,
         max_message_bytes=s.max_message_bytes,
     )
 

@@ -9,7 +9,10 @@ envelope of its own, with the latency of an unbatched send. Beyond that, events
 of a topic are gathered into one envelope until ``batch_max_events`` or
 ``batch_max_bytes`` is reached or ``batch_linger`` has passed since the first
 one, so a busy publisher, or one on a slow transport, sends full envelopes as
-before. A linger of 0 turns batching off.
+before. A linger of 0 turns batching off. A burst that does not fill its batches
+does not wait out the linger: once no event has come for ``batch_pause``, the
+background thread sends the pending batches (unless the transport holds a
+backlog), as a caller's ``flush()`` at the end of its burst would.
 
 The signals rise when batching is needed, never fall because the machine is
 busy: the time spent sending (all of it on a transport whose send waits for a
@@ -84,6 +87,7 @@ class PublisherOptions:
     batch_max_events: int = 128
     batch_max_bytes: int = 256 * 1024
     batch_linger: float = 0.002
+    batch_pause: float = 0.0001
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
@@ -156,6 +160,7 @@ class Publisher:
         self._ticker_asleep = True
         self._last_batch = float("-inf")
         now = time.monotonic()
+        self._last_publish = now
         #: Events in the current rate window, its end, and whether the window before was busy
         #: (too many events, or too long sending them).
         self._in_window = 0
@@ -216,7 +221,7 @@ class Publisher:
             except (TypeError, ValueError, OverflowError) as exc:
                 raise InvalidEvent(f"event {table}/{key} is not serialisable: {exc}") from exc
             size = len(packed)
-            now = time.monotonic()
+            self._last_publish = now = time.monotonic()
             if now >= self._due:
                 # A batch outlived its linger: the background thread is late (a busy caller holds
                 # the GIL for whole switch intervals, a loaded machine runs it late) or asleep.
@@ -458,10 +463,20 @@ class Publisher:
 
     def _loop(self) -> None:
         max_idle = self.options.max_idle_time
+        pause = self.options.batch_pause
         with self._lock:
             while not self._closed:
                 now = time.monotonic()
                 wake = min(now + _WELCOME_POLL, self._flush_due(now))
+                if self._pending and pause > 0 and not self.transport.backlog:
+                    # The caller has paused, so its burst has most likely ended: the rest of the
+                    # linger would add latency for few events more. (Behind a backlog the envelopes
+                    # would wait unwritten anyway, and batching there saves the server work.)
+                    paused = self._last_publish + pause
+                    if now >= paused:
+                        self._flush_all()
+                    else:
+                        wake = min(wake, paused)
                 try:
                     joined = self.transport.new_subscribers()
                 except TransportError:

@@ -81,7 +81,7 @@ def publisher(driver, transport=None, **opts):
 def test_events_flow_in_order_with_batching(driver):
     node = Node(driver, ["port"])
     node.sub.start()
-    pub = publisher(driver, batch_max_events=10, batch_linger=1.0)
+    pub = publisher(driver, batch_max_events=10, batch_linger=1.0, batch_pause=0)
     with pub._lock:  # as if the last rate window had been busy: batch from the first event
         pub._busy, pub._window_end = True, float("inf")
     for i in range(95):
@@ -463,7 +463,7 @@ def test_a_publisher_starved_while_it_waits_for_its_server_batches(driver):
 def test_a_busy_spell_keeps_batching_across_a_short_gap(driver):
     """A publisher starved of CPU publishes in spells: a gap shorter than _QUIET after a busy window
     (the wait for the CPU) keeps it batching; a longer quiet spell makes traffic light again."""
-    pub = publisher(driver, batch_linger=1.0)
+    pub = publisher(driver, batch_linger=1.0, batch_pause=0)
 
     def busy_window_ended(ago):
         with pub._lock:
@@ -532,10 +532,40 @@ def test_a_full_batch_takes_the_pending_ones_along_where_they_can_share_its_roun
     node.sub.close()
 
 
+def test_a_burst_that_does_not_fill_its_batches_leaves_when_its_caller_pauses(driver):
+    """A burst of a few hundred events, its batches partial: once no event has come for
+    batch_pause they leave, long before the linger; not while the transport holds a backlog,
+    and not with a pause of 0."""
+    node = Node(driver, ["a", "b"])
+    node.sub.start()
+    stats = Stats("p", "p")
+    transport = Signals(driver.publisher(stats))
+    pub = Publisher(transport, "pub", PublisherOptions(batch_linger=30.0, batch_pause=0.005), stats)
+    with pub._lock:  # a busy window just ended: batch
+        pub._busy, pub._window_end = True, float("inf")
+    for i in range(200):
+        pub.publish("ab"[i % 2], "tbl", f"k{i}", "update", i + 1)
+    wait_for(lambda: len(node.events) == 200, timeout=10, what="the pause to send the partial batches")
+    assert pub.stats.get("envelopes_out") == 2  # one a topic: the burst was not cut up
+    transport._backlog = 1  # envelopes wait unwritten: a send now would wait behind them
+    pub.publish("a", "tbl", "k", "update", 1000)
+    time.sleep(0.2)  # forty pauses
+    assert pub.stats.get("envelopes_out") == 2
+    pub.close()
+    pub = publisher(driver, batch_linger=30.0, batch_pause=0)
+    with pub._lock:
+        pub._busy, pub._window_end = True, float("inf")
+    pub.publish("a", "tbl", "k", "update", 1)
+    time.sleep(0.2)
+    assert pub.stats.get("envelopes_out") == 0  # waits out its linger
+    pub.close()
+    node.sub.close()
+
+
 def test_a_batch_past_its_linger_leaves_with_the_next_publish(driver):
     """The background thread runs late on a loaded machine: a batch that outlived its linger
     goes with the next publish instead of waiting for it."""
-    pub = publisher(driver, batch_linger=1.0)
+    pub = publisher(driver, batch_linger=1.0, batch_pause=0)
     with pub._lock:  # a busy window just ended: batch
         pub._in_window, pub._window_end = _BATCH_FROM + 1, time.monotonic()
         pub._last_send = pub._window_end

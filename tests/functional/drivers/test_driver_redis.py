@@ -298,7 +298,7 @@ def test_envelopes_due_together_go_in_one_round_trip_and_an_error_reply_loses_on
     prefix = new_prefix()
     raw = redis.Redis.from_url(shared_redis.url)
     raw.set(f"{prefix}:ps:b", "another application's string")  # XADD to it: WRONGTYPE
-    pub = make_pub(shared_redis, prefix, batch_linger=5.0)
+    pub = make_pub(shared_redis, prefix, batch_linger=5.0, batch_pause=0)
     conn = pub.transport._conn
     writes = []
     send_packed = conn.send_packed_command
