@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import threading
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn, Self
 
@@ -36,9 +37,23 @@ def _private_ports() -> range:
 
 
 _PORTS = _private_ports()
-#: Where this process takes its next port: a random place, so that processes rarely meet.
-_next_port = itertools.count(random.randrange(max(len(_PORTS), 1)))
 _ports_lock = threading.Lock()
+
+
+def _turn() -> Iterator[int]:
+    """This process's turn through the ports, from a random place so that processes rarely meet."""
+    return itertools.count(random.randrange(max(len(_PORTS), 1)))
+
+
+_next_port = _turn()
+
+
+def _new_turn_in_child() -> None:
+    global _next_port  # a forked child would otherwise hand out its parent's next ports
+    _next_port = _turn()
+
+
+os.register_at_fork(after_in_child=_new_turn_in_child)
 
 
 def _bindable(port: int) -> bool:
@@ -58,7 +73,7 @@ def free_port() -> int:
     daemon failed to bind one in CI). So ports are handed out in turn from below that range."""
     with _ports_lock:
         for _ in range(len(_PORTS)):
-            port = _PORTS[next(_next_port) % len(_PORTS)]
+            port: int = _PORTS[next(_next_port) % len(_PORTS)]
             if _bindable(port):
                 return port
     with socket.socket() as s:  # no such range here (not Linux): the kernel's choice
