@@ -200,7 +200,8 @@ def test_server_killed_and_restarted_while_publishing(nats_server):
     pub.close()
     assert_outage_accounted(pub, live, paused)
     # The paused subscriber read from the stream what it missed while not reading.
-    assert len(paused.keys()) > 0.9 * len(live.keys())
+    wait_for(lambda: len(paused.keys()) > 0.9 * len(live.keys()), timeout=20,
+             what="the paused subscriber to read what it missed from the stream")
     live.close()
     paused.close()
 
