@@ -41,6 +41,8 @@ def test_endpoint_down_pending_grows_then_drains_when_it_is_back(queues):
         webhook.start()
         wait_drained(registry, "down")
         assert sorted(delivered_keys(webhook)) == sorted((f"p{i}", i + 1) for i in range(100))
+        # Counted once the removal has returned, a moment after the queue shows it drained.
+        wait_for(lambda: worker.worker.topic_stats("down").get("delivered") >= 100, what="the deliveries counted")
         assert worker.worker.topic_stats("down").get("delivered") == 100
     finally:
         worker.stop()
@@ -65,6 +67,9 @@ def test_time_to_live_and_max_retries_move_entries_to_the_dead_letters(queues):
             reasons[d.queue.split(".")[0]].add(d.reason.split(" ")[0])
         assert len(dead) == 10 and reasons == {"ttl": {"time_to_live"}, "retries": {"max_retries"}}
         assert worker.worker.topic_stats("retries").get("retries") >= 2
+        # Counted once the set-aside has returned, a moment after the queue shows it drained.
+        wait_for(lambda: worker.worker.topic_stats("ttl").get("dead_letters", "time_to_live") >= 5,
+                 what="the dead letters counted")
         assert worker.worker.topic_stats("ttl").get("dead_letters", "time_to_live") == 5
     finally:
         worker.stop()
