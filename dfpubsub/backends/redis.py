@@ -1,20 +1,28 @@
-"""What the Redis store and Redis discovery share: a fork-aware client and the error mapping.
+"""What the Redis store, queues, discovery and leases share: a fork-aware client, their Lua
+scripts run on a connection of each thread's own, and the error mapping.
 
 Loaded only by them, so ``import dfpubsub`` does not need redis-py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
-from redis.exceptions import AuthenticationWrongNumberOfArgsError, ReadOnlyError, RedisError
+from redis.exceptions import (
+    AuthenticationWrongNumberOfArgsError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -23,7 +31,7 @@ from ..errors import AuthenticationError, ConfigError, StoreError, StoreUnavaila
 from .access import redis_access
 from .urls import redacted
 
-__all__ = ["ProcessClient", "open_client", "redis_errors", "redacted", "server_location"]
+__all__ = ["ProcessClient", "Script", "Scripts", "open_client", "redis_errors", "redacted", "server_location"]
 
 T = TypeVar("T")
 
@@ -81,6 +89,87 @@ class ProcessClient(Generic[T]):
             value, self._value = self._value, None
         if value is not None and value[0] == os.getpid():
             self._close(value[1])
+
+
+class Scripts:
+    """The Lua scripts of one client, each run with EVALSHA on a connection the calling thread keeps.
+
+    Through redis-py's client a script's call costs the writer about half again the CPU of the
+    same call on a connection held open (docs/performance.md): the pool's checkout and return (a
+    lock, observability counters, an event), the client's wrappers, the script's own checks. A
+    thread that keeps one connection of the pool for as long as it lives pays none of that. The
+    connection goes back to the pool when the thread ends, and the client's ``close()`` closes
+    it with the others. Each call checks it as the pool would (:meth:`connection`); a call that
+    fails is not sent again, as with the client: a failed write may have happened.
+    """
+
+    def __init__(self, r: redis.Redis):
+        self._pool: ConnectionPool = r.connection_pool
+        self._local = threading.local()
+
+    def register(self, text: str) -> Script:
+        """A script of ``text``, loaded into the server on its first call (and again after a restart)."""
+        return Script(self, text)
+
+    def connection(self) -> AbstractConnection:
+        """The calling thread's connection, checked as the pool checks one it hands out: one that
+        the server closed (it restarted) or that holds a reply nobody read (a call broken off
+        between its command and its reply) is opened afresh, before anything is sent on it."""
+        lane: _Lane | None = getattr(self._local, "lane", None)
+        if lane is None:
+            lane = self._local.lane = _Lane(self._pool)
+        conn = lane.conn
+        conn.connect()  # nothing to do while connected; a server that is gone raises here
+        try:
+            fresh = not conn.can_read()
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            fresh = False
+        if not fresh:
+            conn.disconnect()
+            conn.connect()
+        return conn
+
+
+class Script:
+    """One Lua script of :class:`Scripts`, called like redis-py's: ``script(keys=..., args=...)``."""
+
+    __slots__ = ("_scripts", "text", "sha")
+
+    def __init__(self, scripts: Scripts, text: str):
+        self._scripts = scripts
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        conn = self._scripts.connection()
+        try:
+            return _ask(conn, "EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            # Not run: the server restarted or flushed its scripts. Load it, run it once more.
+            _ask(conn, "SCRIPT", "LOAD", self.text)
+            return _ask(conn, "EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+def _ask(conn: AbstractConnection, *command: Any) -> Any:
+    conn.send_command(*command)
+    return conn.read_response()
+
+
+class _Lane:
+    """A connection of ``pool`` that one thread keeps, and gives back when it ends (its
+    ``threading.local`` is dropped then)."""
+
+    __slots__ = ("pool", "conn")
+
+    def __init__(self, pool: ConnectionPool):
+        self.pool = pool
+        self.conn = pool.get_connection()
+
+    def __del__(self) -> None:
+        try:
+            self.pool.release(self.conn)
+        except Exception:  # noqa: S110 - at interpreter exit the pool may be gone already
+            pass
 
 
 @contextmanager

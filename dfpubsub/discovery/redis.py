@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
-from ..backends.redis import ProcessClient, open_client, redis_errors
+from ..backends.redis import ProcessClient, Script, Scripts, open_client, redis_errors
 from .api import Discovery, PublisherRecord
 
 __all__ = ["RedisDiscovery"]
@@ -93,7 +92,8 @@ class RedisDiscovery(Discovery):
 
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "discovery")
-        return _Client(r, r.register_script(_RENEW), r.register_script(_LIST))
+        scripts = Scripts(r)
+        return _Client(r, scripts.register(_RENEW), scripts.register(_LIST))
 
     def _connect(self) -> _Client:
         return self._client.get()

@@ -19,10 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from ..backends.foreign import skip
-from ..backends.redis import ProcessClient, open_client, redacted, redis_errors
+from ..backends.redis import ProcessClient, Script, Scripts, open_client, redacted, redis_errors
 from ..errors import ForeignRecord
 from .api import Holder
 
@@ -64,8 +63,9 @@ class RedisLease:
     @staticmethod
     def _connect(url: str, timeout: float) -> tuple[redis.Redis, dict[str, Script]]:
         r = open_client(url, timeout, "leader lease")
-        return r, {"acquire": r.register_script(_ACQUIRE), "renew": r.register_script(_RENEW),
-                   "release": r.register_script(_RELEASE)}
+        scripts = Scripts(r)
+        return r, {"acquire": scripts.register(_ACQUIRE), "renew": scripts.register(_RENEW),
+                   "release": scripts.register(_RELEASE)}
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         with redis_errors(self.where):

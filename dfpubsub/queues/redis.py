@@ -30,10 +30,9 @@ from typing import Any, TypeVar, cast
 
 import msgpack
 import redis
-from redis.commands.core import Script
 
 from ..backends import foreign
-from ..backends.redis import ProcessClient, open_client, redacted, redis_errors, server_location
+from ..backends.redis import ProcessClient, Script, Scripts, open_client, redacted, redis_errors, server_location
 from ..errors import ConfigError, ForeignRecord, QueueFull, QueueNotFound, ReservationNotFound
 from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
 from .api import Aside, DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
@@ -467,7 +466,8 @@ class RedisQueues(QueueStore):
 
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "queues")
-        return _Client(r, {name: r.register_script(src) for name, src in _SCRIPTS.items()})
+        scripts = Scripts(r)
+        return _Client(r, {name: scripts.register(src) for name, src in _SCRIPTS.items()})
 
     def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
         return redis_errors(f"Redis queues at {self._where} ({what})")

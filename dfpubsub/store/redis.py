@@ -39,10 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
-from redis.commands.core import Script
 
 from ..backends import foreign
-from ..backends.redis import ProcessClient, open_client, redacted, redis_errors, server_location
+from ..backends.redis import ProcessClient, Script, Scripts, open_client, redacted, redis_errors, server_location
 from ..errors import (
     AlreadyExists,
     ConfigError,
@@ -251,6 +250,7 @@ class _Client:
     """A redis-py client and its scripts (one per process: see ProcessClient)."""
 
     r: redis.Redis
+    scripts: Scripts
     create: Script
     update: Script
     delete: Script
@@ -270,7 +270,7 @@ class _Client:
         script = self.fused.get((name, ob.CHECK))
         if script is None:
             text, nkeys, nargs, value = _WRITES[name]
-            script = self.fused.setdefault((name, ob.CHECK), self.r.register_script(_with_feed(_FUSED.format(
+            script = self.fused.setdefault((name, ob.CHECK), self.scripts.register(_with_feed(_FUSED.format(
                 nkeys=nkeys, nargs=nargs, value=value, check=ob.CHECK, write=text, append=ob.APPEND))))
         all_keys = keys + ob.keys()
         res = cast("list[Any]", script(keys=all_keys + feed[0], args=args + ob.args() + feed[1]))
@@ -318,9 +318,9 @@ class RedisStore(Store):
 
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "store")
-        return _Client(r, r.register_script(_with_feed(_CREATE)), r.register_script(_with_feed(_UPDATE)),
-                       r.register_script(_with_feed(_DELETE)), r.register_script(_FETCH), r.register_script(_VERSIONS),
-                       r.register_script(_FEED_READ))
+        s = Scripts(r)
+        return _Client(r, s, s.register(_with_feed(_CREATE)), s.register(_with_feed(_UPDATE)),
+                       s.register(_with_feed(_DELETE)), s.register(_FETCH), s.register(_VERSIONS), s.register(_FEED_READ))
 
     def _connect(self) -> _Client:
         return self._client.get()

@@ -70,9 +70,9 @@ def feed_off(store: Store, url: str) -> Store:
 
         def unwrapped() -> Any:
             c = off._new_client()  # type: ignore[attr-defined]  # noqa: SLF001
-            r = c.r
-            return plain(r, r.register_script(redis_store._CREATE), r.register_script(redis_store._UPDATE),  # noqa: SLF001
-                         r.register_script(redis_store._DELETE), c.fetch, c.versions, c.feed)  # noqa: SLF001
+            s = c.scripts
+            return plain(c.r, s, s.register(redis_store._CREATE), s.register(redis_store._UPDATE),  # noqa: SLF001
+                         s.register(redis_store._DELETE), c.fetch, c.versions, c.feed)  # noqa: SLF001
 
         off._client._factory = unwrapped  # type: ignore[attr-defined]  # noqa: SLF001
         off._client.close()  # type: ignore[attr-defined]  # noqa: SLF001 - the next call builds an unwrapped one
