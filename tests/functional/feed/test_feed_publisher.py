@@ -288,20 +288,27 @@ def test_a_server_killed_after_committing_an_unanswered_write_is_settled_by_the_
     writer = open_store(writer_url, TABLES, timeout=3.0)
     feed = FeedThread(store)
     node = Node(store, feed.endpoint)
+    warm, go = threading.Event(), threading.Event()
+    outcome = []
+
+    def write():
+        # The writing thread's connection and the scripts ready (a Redis store's thread keeps its
+        # own connection): only the write is in flight while the proxy holds the answers.
+        writer.create("port", "warm", {})
+        warm.set()
+        go.wait()
+        try:
+            outcome.append(writer.create("port", "ambiguous", {"v": 1}))
+        except Exception as exc:  # noqa: BLE001 - the test asserts its type below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=write)
     try:
-        writer.create("port", "warm", {})  # connections and scripts ready: only the write is in flight
+        thread.start()
+        assert warm.wait(10)
         _converge(node, store, "the first write")
         proxy.holding = True
-        outcome = []
-
-        def write():
-            try:
-                outcome.append(writer.create("port", "ambiguous", {"v": 1}))
-            except Exception as exc:  # noqa: BLE001 - the test asserts its type below
-                outcome.append(exc)
-
-        thread = threading.Thread(target=write)
-        thread.start()
+        go.set()
         wait_for(lambda: store.get("port", "ambiguous") is not None, what="the server to commit the write")
         server.kill()
         proxy.cut()
@@ -313,6 +320,7 @@ def test_a_server_killed_after_committing_an_unanswered_write_is_settled_by_the_
         assert committed.value == {"v": 1}
         _converge(node, store, "the unanswered write, once the server is back")
     finally:
+        go.set()  # a test that failed before its write must not leave the thread waiting
         node.ctrl.stop()
         feed.close()
         for s in (store, writer):
