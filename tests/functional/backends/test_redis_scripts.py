@@ -23,7 +23,9 @@ def _others(raw: redis.Redis) -> int:
 
 
 def _in_threads(n: int, call) -> None:
-    start = threading.Barrier(n)
+    """``n`` threads calling at once, none ending before all have called (one that ended would
+    give its connection back for a later one to take)."""
+    start, done = threading.Barrier(n), threading.Barrier(n)
     errors: list[BaseException] = []
 
     def run(i: int) -> None:
@@ -33,6 +35,7 @@ def _in_threads(n: int, call) -> None:
                 assert call(f"{i}.{j}") == f"{i}.{j}".encode()
         except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
             errors.append(exc)
+        done.wait()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
