@@ -9,9 +9,13 @@ an object changed again since its entry goes out with its newer version,
 which every cache takes; one deleted since is left to its delete's entry,
 which carries the deletion's version.
 
-The position is saved (:class:`FileCursor`) after each batch was handed to
-the transport, so a restart resumes there: delivery is at least once, and
-subscribers drop the repeats by version. Without a saved position, or when
+The position moves, and is saved (:class:`FileCursor`), only once a batch
+was handed to the transport, so a restart resumes there: delivery is at least
+once, and subscribers drop the repeats by version. A batch whose publishing
+failed (the store died before its values were read) stays pending and is
+published first at the next step: the reader has already moved past it, and
+dropping it would pass over a committed write with nothing to show for it (no
+gap: its entries never took a sequence number). Without a saved position, or when
 the feed's history below it is gone, nothing can tell what was missed: the
 publisher declares its topics lost (:meth:`Publisher.declare_lost`), every
 subscriber resyncs them, and it goes on from the store's head.
@@ -92,30 +96,38 @@ class FeedPublisher:
         saved = cursor.load() if cursor is not None else None
         self.reader = store.follow_feed(saved if saved is not None else store.feed_head())
         self._saved = saved
+        self._published = self.reader.position
+        self._pending: list[FeedEntry] = []  # read, not yet published (see step)
         if saved is None:
             self._lost("no saved position")
 
     @property
     def position(self) -> int:
-        """Revision of the last entry published."""
-        return self.reader.position
+        """Revision up to which every entry was published (foreign ones skipped)."""
+        return self._published
 
     def step(self, timeout: float = 0.2) -> int:
         """Read one batch (waiting up to ``timeout`` for it), publish it, save the position;
-        how many entries it held. StoreUnavailable if the store is."""
-        try:
-            entries = self.reader.read(self.batch, timeout)
-        except HistoryGone as exc:
-            self.stats.inc("feed_history_gone")
-            self.reader.close()
-            self.reader = self.store.follow_feed(self.store.feed_head())
-            self._lost(str(exc))
-            self._save()
-            return 0
+        how many entries it held. StoreUnavailable if the store is: a batch read but not
+        published is published first by the next step."""
+        if not self._pending:
+            try:
+                self._pending = self.reader.read(self.batch, timeout)
+            except HistoryGone as exc:
+                self.stats.inc("feed_history_gone")
+                self.reader.close()
+                self.reader = self.store.follow_feed(self.store.feed_head())
+                self._published = self.reader.position
+                self._lost(str(exc))
+                self._save()
+                return 0
+        entries = self._pending
         if entries:
             self._publish(entries)
+        self._pending = []
+        self._published = self.reader.position  # past the batch, and past foreign entries skipped
         self.stats.inc("feed_entries", len(entries))
-        if self.position != self._saved:  # foreign entries skipped move it too
+        if self.position != self._saved:
             self._save()
         return len(entries)
 
