@@ -222,14 +222,16 @@ def _openssl(*args: object) -> None:
 
 
 class RedisServer(ServerProcess):
-    """redis-server with an append-only file, so a kill loses at most a second; ``users`` are ACL
-    lines (``"alice on >secret ~* &* +@all"``): with them the default user is off."""
+    """redis-server with an append-only file, so a kill loses at most a second (``durable``: none
+    it acknowledged, the file fsynced before each answer); ``users`` are ACL lines
+    (``"alice on >secret ~* &* +@all"``): with them the default user is off."""
 
     binary = "redis-server"
 
-    def __init__(self, workdir: Path, users: tuple[str, ...] = (), host: str = "127.0.0.1"):
+    def __init__(self, workdir: Path, users: tuple[str, ...] = (), host: str = "127.0.0.1", durable: bool = False):
         super().__init__(workdir, host)
         self.users = users
+        self.durable = durable
 
     @property
     def url(self) -> str:
@@ -239,6 +241,9 @@ class RedisServer(ServerProcess):
         return [
             "redis-server", "--port", str(self.port), "--bind", self.host, "--dir", str(self.workdir),
             "--save", "", "--appendonly", "yes", "--daemonize", "no",
+            # everysec (the default) answers writes it has not written yet while an fsync runs,
+            # for up to 2 s: a kill -9 then loses writes it acknowledged.
+            "--appendfsync", "always" if self.durable else "everysec",
             # Protected mode refuses every client but loopback ones while the default user has no
             # password: a test that serves on an address of its own lets its own clients in.
             "--protected-mode", "yes" if self.host == "127.0.0.1" else "no",
