@@ -22,6 +22,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "MAX_SEQ",
+    "MAX_REV",
     "pack_event",
     "BatchHeader",
     "encode_batch",
@@ -39,6 +40,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 #: Largest sequence number, and largest last sequence of an envelope: a signed
 #: 64-bit integer holds every sequence in every language.
 MAX_SEQ = (1 << 63) - 1
+#: Largest store revision a bookmark may name: versions are unsigned 64-bit.
+MAX_REV = (1 << 64) - 1
 
 _packb: Callable[[Any], bytes] = msgpack.packb
 _DELETE = Action.DELETE
@@ -114,6 +117,8 @@ def encode_hello(hello: Hello) -> bytes:
     }
     if hello.more:
         fields["more"] = True
+    if hello.rev is not None:
+        fields["rev"] = hello.rev
     return _packb(fields)
 
 
@@ -133,7 +138,7 @@ def hello_parts(hello: Hello, max_message_bytes: int) -> list[Hello]:
     starts = range(0, len(items), room)
     return [
         Hello(hello.publisher_id, hello.publisher_name, hello.sent_at, dict(items[i:i + room]),
-              hello.reason, hello.max_idle_time, hello.host, more=i + room < len(items))
+              hello.reason, hello.max_idle_time, hello.host, more=i + room < len(items), rev=hello.rev)
         for i in starts
     ]
 
@@ -421,9 +426,12 @@ def _envelope(obj: dict[Any, Any], data: bytes | memoryview) -> Envelope:
         more = obj.get("more", False)
         if type(more) is not bool:
             raise _malformed(f"field 'more' must be bool, got {type(more).__name__}")
+        rev = obj.get("rev")
+        if "rev" in obj and (type(rev) is not int or not 0 <= rev <= MAX_REV):
+            raise _malformed(f"field 'rev' must be an int from 0 to {MAX_REV}, got {rev!r:.40}")
         return Hello(
             pid, name, sent_at, _seqs(obj), _field(obj, "reason", (str,)),
-            float(_field(obj, "max_idle", (float, int))), _field(obj, "host", (str,)), more,
+            float(_field(obj, "max_idle", (float, int))), _field(obj, "host", (str,)), more, rev,
         )
     if kind == "bye":
         return Bye(pid, name, sent_at, _seqs(obj))

@@ -169,6 +169,10 @@ class FeedSettings(_Section):
     advertise_host: str = Field("", description="df-feed: host subscribers reach a wildcard-bound endpoint at.")
     ready_lag: int = Field(10_000, ge=1, description="df-feed: /readyz fails while the reader is more than this "
                            "many revisions behind the feed's head.")
+    bookmark_interval: float = Field(
+        1.0, ge=0, description="df-feed: seconds between bookmarks while entries come (one also goes out as soon as "
+        "the feed goes quiet); controllers that trust it move their positions on them without reading the store "
+        "(0: none).")
 
 
 class ControllerSettings(_Section):
@@ -177,6 +181,9 @@ class ControllerSettings(_Section):
     name: str = Field("", description="Name in logs and metrics (default: host name).")
     reconcile_interval: float = Field(0.0, ge=0, description="Seconds between full reconciles (0: only on gaps).")
     discover: bool = Field(False, description="Connect to the publishers listed in the [discovery] table.")
+    bookmarks: bool = Field(
+        True, description="With discover: move the positions on the bookmarks of the df-feeds the [discovery] table "
+        "names (role feed), so a checkpoint reads one revision instead of every entry since the last one.")
     bootstrap: str = Field(
         "", description="Snapshot root (df-pipeline compact) to full-sync from, then catch up from the store; "
         "empty: list the whole store.",

@@ -22,6 +22,7 @@ __all__ = [
     "EventBatch",
     "Hello",
     "Bye",
+    "Bookmark",
     "Envelope",
     "VersionedObject",
     "CONTROL_TOPIC",
@@ -140,6 +141,22 @@ class Hello:
     max_idle_time: float = 0.0
     host: str = ""
     more: bool = False
+    #: A bookmark (docs/protocol.md §4.4): every change of the store's change feed up to this
+    #: revision was published on these topics' streams at sequences up to ``seqs``. Only a
+    #: publisher that follows the feed (df-feed) sets it; None: no such claim.
+    rev: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bookmark:
+    """A hello's bookmark as a subscriber's tracker passes it on, in band behind the envelopes
+    of the streams it vouches for: ``seqs`` holds, for each subscribed topic whose stream was
+    in agreement with the hello (nothing held, no gap open, nothing expected beyond), the
+    hello's sequence; 0 for a topic the publisher has not used."""
+
+    publisher_id: str
+    rev: int
+    seqs: dict[str, int]
 
 
 @dataclass(slots=True)

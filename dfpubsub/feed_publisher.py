@@ -19,6 +19,16 @@ gap: its entries never took a sequence number). Without a saved position, or whe
 the feed's history below it is gone, nothing can tell what was missed: the
 publisher declares its topics lost (:meth:`Publisher.declare_lost`), every
 subscriber resyncs them, and it goes on from the store's head.
+
+Since it publishes every entry in revision order, it can say how far it got:
+at most every ``bookmark_interval`` while entries come, and as soon as the
+feed goes quiet, a hello with a bookmark (:meth:`Publisher.bookmark`) tells
+subscribers that every entry up to its position went out on their topics'
+streams at the sequences the hello lists. Controllers that hear its streams
+unbroken move their positions on it and read nothing from the store for it
+(dfpubsub.controller.bookmarks). An entry it cannot publish (a value too
+large for a frame) would make that claim false: its topic is declared lost
+instead, so subscribers see a gap and repair it from the store.
 """
 
 from __future__ import annotations
@@ -83,12 +93,13 @@ class FeedPublisher:
 
     def __init__(self, store: Store, publisher: Publisher, cursor: FileCursor | None = None, *,
                  topics: Iterable[str] = (), batch: int = 1000, compact_interval: float = 60.0,
-                 stats: Stats | None = None):
+                 stats: Stats | None = None, bookmark_interval: float = 1.0):
         self.store = store
         self.publisher = publisher
         self.cursor = cursor
         self.batch = batch
         self.compact_interval = compact_interval
+        self.bookmark_interval = bookmark_interval
         self.stats = stats or publisher.stats
         self.stats.seed(*ROLE_COUNTERS["feed"])
         self._topics = set(topics) | set(store.tables)
@@ -98,6 +109,8 @@ class FeedPublisher:
         self._saved = saved
         self._published = self.reader.position
         self._pending: list[FeedEntry] = []  # read, not yet published (see step)
+        self._bookmarked = -1  # the position the last bookmark named
+        self._bookmark_sent = float("-inf")
         if saved is None:
             self._lost("no saved position")
 
@@ -129,7 +142,19 @@ class FeedPublisher:
         self.stats.inc("feed_entries", len(entries))
         if self.position != self._saved:
             self._save()
+        self._bookmark(quiet=not entries)
         return len(entries)
+
+    def _bookmark(self, quiet: bool) -> None:
+        """Say how far every entry went out: at most every ``bookmark_interval`` while entries
+        come, at once when the feed went quiet (the last word of a burst)."""
+        if self.bookmark_interval <= 0 or self._published == self._bookmarked:
+            return
+        now = time.monotonic()
+        if quiet or now - self._bookmark_sent >= self.bookmark_interval:
+            self.publisher.bookmark(self._published)
+            self._bookmarked, self._bookmark_sent = self._published, now
+            self.stats.inc("feed_bookmarks")
 
     def run(self, stop: threading.Event, beat: Callable[[], None] = lambda: None) -> None:
         """Publish until ``stop`` is set; a store that fails is retried with backoff; the feed is
@@ -173,9 +198,11 @@ class FeedPublisher:
                     self._topics.add(obj.topic)
                     publish(obj.topic, table, key, entry.action, obj.version, obj.value)
                 self.stats.inc("feed_published")
-            except InvalidEvent as exc:  # too large for a frame, say: subscribers find the gap and resync
+            except InvalidEvent as exc:  # too large for a frame, say: a gap makes subscribers repair it
                 self.stats.inc("feed_unpublishable")
-                self._trouble.warning("event", "change not publishable", table=table, key=key, error=str(exc))
+                self._trouble.warning("event", "change not publishable; its topic is declared lost", table=table,
+                                      key=key, error=str(exc))
+                self.publisher.declare_lost((entry.topic,), "feed_unpublishable")
         self.publisher.flush()
 
     def _current(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:

@@ -68,6 +68,11 @@ COUNTERS: dict[str, str] = {
     "replay_entries": "Change-feed entries replays read.",
     "replay_objects": "Objects replays read from the store (what the cache had missed, or could not prove).",
     "relist_objects": "Objects of the topics relists listed.",
+    "bookmark_moves": "Feed publishers' bookmarks that moved a controller's positions without reading the store.",
+    "bookmarks_refused": "Times a controller's positions went back to where the store last proved them, by reason "
+                         "(ahead_of_store: a bookmark named a revision the store had not reached).",
+    "checkpoint_proofs": "Checkpoints that proved positions moved by bookmarks with one read of the store's head "
+                         "instead of a replay.",
     "leader_transitions": "Times this process started or stopped leading, by reason (acquired, released, "
                           "lost, expired).",
     "leader_errors": "Lease calls (acquire, renew, release) that failed: the backend down, slow or refusing.",
@@ -84,7 +89,8 @@ COUNTERS: dict[str, str] = {
     "feed_history_gone": "Times df-feed found its position compacted away (subscribers resync).",
     "feed_declared_lost": "Times df-feed declared its topics lost (subscribers resync).",
     "feed_gone_since": "Changes deleted before df-feed could read them (their delete follows).",
-    "feed_unpublishable": "Changes df-feed could not publish (too large): subscribers find the gap.",
+    "feed_unpublishable": "Changes df-feed could not publish (too large): their topic is declared lost.",
+    "feed_bookmarks": "Bookmarks df-feed sent (every entry up to its position published).",
     "feed_undecodable": "Objects df-feed could not decode (written by something else), skipped.",
     "feed_compacted": "Change-feed entries df-feed compacted away.",
     "delivered": "Notifications delivered to their endpoint.",
@@ -135,7 +141,7 @@ ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
     "controller": _SUBSCRIBER + (
         "workqueue_adds", "workqueue_retries", "workqueue_full", "workqueue_steals", "reconciles", "reconcile_failed",
         "redeliveries", "replays", "relists", "replay_entries", "replay_objects", "relist_objects", "stale_events",
-        "resync_changes", "suspect_empty_syncs"),
+        "resync_changes", "suspect_empty_syncs", "bookmark_moves", "bookmarks_refused", "checkpoint_proofs"),
     "relay": _RELAY,
     "publisher_service": _RELAY + ("send_errors",),
     "archiver": ("events_archived", "segments_published", "segment_bytes", "journals_recovered"),
@@ -143,7 +149,7 @@ ROLE_COUNTERS: dict[str, tuple[str, ...]] = {
     "notify": ("delivered", "retries", "send_failures", "dead_letters", "shard_failures"),
     # df-feed's publisher: a publisher's counters and the feed's (FeedPublisher seeds them).
     "feed": ("feed_entries", "feed_published", "feed_store_errors", "feed_history_gone", "feed_declared_lost",
-             "feed_gone_since", "feed_unpublishable", "feed_undecodable", "feed_compacted"),
+             "feed_gone_since", "feed_unpublishable", "feed_undecodable", "feed_compacted", "feed_bookmarks"),
     "leader": ("leader_transitions", "leader_errors"),
 }
 

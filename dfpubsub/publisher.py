@@ -170,6 +170,7 @@ class Publisher:
         self._sending = 0.0
         self._last_hello = now
         self._last_send = now
+        self._rev: int | None = None  # the bookmark every hello carries (see bookmark())
         with self._lock:
             self._send_hello("start")
         self._thread = threading.Thread(target=self._run, name=f"dfpubsub-pub-{self.name}", daemon=True)
@@ -274,6 +275,21 @@ class Publisher:
             if self._closed:
                 raise ClosedError("publisher is closed")
             self._send_hello(reason)
+
+    def bookmark(self, rev: int, send: bool = True) -> None:
+        """Claim that every change of the store's change feed up to revision ``rev`` has been
+        published (and is flushed by this call): every hello from now on carries ``rev`` as its
+        bookmark (docs/protocol.md §4.4), and with ``send`` one goes out at once
+        (``reason: bookmark``). Only a publisher that follows the feed in order and publishes
+        each of its entries may say so (df-feed); a lower ``rev`` than the last one is ignored."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError("publisher is closed")
+            if self._rev is not None and rev <= self._rev:
+                return
+            self._rev = rev
+            if send:
+                self._send_hello("bookmark")
 
     def declare_lost(self, topics: Iterable[str], reason: str = "lost") -> None:
         """Tell every subscriber that changes of ``topics`` were lost before reaching this publisher
@@ -432,7 +448,8 @@ class Publisher:
     def _send_hello(self, reason: str) -> None:
         self._flush_all()
         sent = True
-        hello = Hello(self.id, self.name, time.time(), self._sequences(), reason, self.options.max_idle_time, self._host)
+        hello = Hello(self.id, self.name, time.time(), self._sequences(), reason, self.options.max_idle_time, self._host,
+                      rev=self._rev)
         for part in hello_parts(hello, self.options.max_message_bytes):
             sent &= self._control(encode_hello(part))
         if sent:

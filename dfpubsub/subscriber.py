@@ -20,18 +20,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from .codec import DEFAULT_MAX_MESSAGE_BYTES, decode_events, decode_header
 from .errors import ClosedError, DecodeError
-from .events import CONTROL_TOPIC, Bye, Event, EventBatch, Hello, validate_topic
+from .events import CONTROL_TOPIC, Bookmark, Bye, Event, EventBatch, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
 from .resync import ResyncScheduler
 from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
 from .transport import SubscriberTransport
 
-__all__ = ["Subscriber", "SubscriberOptions", "EventHandler", "EventsHandler", "ResyncHandler"]
+__all__ = ["Subscriber", "SubscriberOptions", "EventHandler", "EventsHandler", "ResyncHandler", "BookmarkHandler",
+           "PassedHandler"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,11 @@ EventHandler = Callable[[Event], None]
 EventsHandler = Callable[[list[Event]], None]
 #: Called with the topics to resync; must list the source of truth and reconcile.
 ResyncHandler = Callable[[set[str]], None]
+#: Called with a hello's bookmark, in band behind the envelopes it vouches for (see ``Subscriber``).
+BookmarkHandler = Callable[[Bookmark], None]
+#: Called with a resync request as it reaches the dispatch thread, in band behind the envelopes
+#: released with it: ``missing`` tells which sequence numbers of its stream were passed over.
+PassedHandler = Callable[[ResyncRequest], None]
 
 _STOP = object()
 #: Upper bound on how long a thread sleeps before it looks at its stop flag.
@@ -48,7 +54,7 @@ _POLL = 0.1
 
 #: Resync reasons that are part of normal operation, not a loss: logged at info, not as warnings
 #: (a controller's checkpoint, once a minute per topic, at debug).
-_ROUTINE = frozenset({"first_seen", "periodic", "manual", "checkpoint"})
+_ROUTINE = frozenset({"first_seen", "periodic", "manual", "checkpoint", "anchor"})
 
 
 @dataclass(slots=True)
@@ -80,6 +86,11 @@ class Subscriber:
     once (to act on them as a batch: one call per envelope instead of one per
     event); if it raises, the envelope's topic is resynced. ``stats`` may be
     shared with the transport so that its drops count here too.
+
+    ``on_bookmark(bookmark)`` and ``on_passed(request)`` are for a consumer that follows a
+    store's change feed through a feed publisher's streams (the controller's positions,
+    dfpubsub.controller.bookmarks): both run on the dispatch thread, in order with the
+    envelopes, so that what they say holds of everything delivered before them.
     """
 
     def __init__(
@@ -94,6 +105,8 @@ class Subscriber:
         stats: Stats | None = None,
         *,
         on_events: EventsHandler | None = None,
+        on_bookmark: BookmarkHandler | None = None,
+        on_passed: PassedHandler | None = None,
     ):
         if (on_event is None) == (on_events is None):
             raise ValueError("a subscriber needs one of on_event and on_events")
@@ -105,6 +118,8 @@ class Subscriber:
         self.on_resync = on_resync
         self.on_gap = on_gap
         self.on_events = on_events
+        self.on_bookmark = on_bookmark
+        self.on_passed = on_passed
         self._topics: frozenset[str] = frozenset(validate_topic(t) for t in topics)
         self.tracker = SequenceTracker(
             self._topics, opts.message_delay_window, self.stats, opts.max_held, opts.dead_after_idles,
@@ -254,6 +269,9 @@ class Subscriber:
                 else:
                     stats.inc("hellos_in")
                     tracker.on_hello(cast(Hello | Bye, env), now)
+                    if tracker.bookmarks:
+                        for bookmark in tracker.pop_bookmarks():
+                            self._enqueue_bookmark(bookmark)
             deadline = tracker.next_deadline()
             if (deadline is not None and deadline <= now) or now >= next_tick:
                 for batch in tracker.tick(now):
@@ -274,12 +292,20 @@ class Subscriber:
             self.stats.inc("drops", batch.count, reason="overflow")
             self._request(ResyncRequest(batch.topic, "overflow", batch.publisher_id, (batch.seq, batch.last_seq)))
 
+    def _enqueue_bookmark(self, bookmark: Bookmark) -> None:
+        if self.on_bookmark is None:
+            return
+        try:
+            self._queue.put_nowait(bookmark)
+        except queue.Full:  # the next one will do: a bookmark only saves work
+            self.stats.inc("drops", reason="bookmark_overflow")
+
     def _request(self, req: ResyncRequest) -> None:
         self.stats.inc("resync_requests", reason=req.reason)
         fields = {"topic": req.topic, "reason": req.reason, "publisher": req.publisher_id,
                   "missing": None if req.missing is None else list(req.missing)}
         if req.reason in _ROUTINE:
-            log.log(logging.DEBUG if req.reason == "checkpoint" else logging.INFO, "resync of topic %r requested: %s",
+            log.log(logging.DEBUG if req.reason in ("checkpoint", "anchor") else logging.INFO, "resync of topic %r requested: %s",
                     req.topic, req.reason, extra=fields)
         else:  # one line per gap (each expired gap is one request), rate-limited per reason
             self._badlog.warning(req.reason, f"resync of topic {req.topic!r} requested: {req.reason}", **fields)
@@ -314,7 +340,11 @@ class Subscriber:
             if type(item) is EventBatch:
                 self._deliver(item)
             elif type(item) is ResyncRequest:
+                if self.on_passed is not None:
+                    self._call(self.on_passed, item)
                 scheduler.request((item.topic,))
+            elif type(item) is Bookmark and self.on_bookmark is not None:
+                self._call(self.on_bookmark, item)
 
     def _deliver(self, batch: EventBatch) -> None:
         try:
@@ -339,6 +369,13 @@ class Subscriber:
                 except Exception as exc:  # the handler is user code; one bad event must not kill the thread
                     self._handler_failed(exc, event.topic, event.publisher_id, event.key)
         self.stats.inc("events_in", len(events))
+
+    def _call(self, handler: Callable[[Any], None], item: object) -> None:
+        try:
+            handler(item)
+        except Exception:  # a consumer's bug must not stop delivery
+            self.stats.inc("handler_errors")
+            log.exception("bookmark or stream handler failed", extra={"subscriber": self.name})
 
     def _handler_failed(self, exc: Exception, topic: str, publisher_id: str, key: str | None = None) -> None:
         self.stats.inc("handler_errors")

@@ -13,7 +13,7 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from .events import MAX_KEPT_ID, Bye, EventBatch, Hello, kept_id
+from .events import MAX_KEPT_ID, Bookmark, Bye, EventBatch, Hello, kept_id
 from .metrics import Stats
 
 __all__ = ["ResyncRequest", "SequenceTracker", "TrackerLimits"]
@@ -117,6 +117,8 @@ class SequenceTracker:
         self.limits = limits
         self.peers: dict[str, _Peer] = {}
         self.requests: list[ResyncRequest] = []
+        #: Bookmarks of the hellos taken since the last :meth:`pop_bookmarks` (see :meth:`on_hello`).
+        self.bookmarks: list[Bookmark] = []
         self._open: set[tuple[str, str]] = set()
         self._held_bytes = 0
 
@@ -200,7 +202,30 @@ class SequenceTracker:
                 # a transport that reorders; the delay window decides.
                 st.high = seq
                 self._open_gap(pid, topic, st, now)
+        if isinstance(hello, Hello) and hello.rev is not None:
+            self._bookmark(pid, peer, hello, hello.rev)
         self._forget_if_gone(pid, peer)
+
+    def _bookmark(self, pid: str, peer: _Peer, hello: Hello, rev: int) -> None:
+        """Pass on the hello's bookmark for the streams in agreement with it: nothing held, no gap
+        open, no run claimed, and everything up to its sequence delivered (a topic it does not
+        list, on its last part, has not been used: 0, if nothing came on it either). Whether a
+        bookmark moves anything is the receiver's to judge (dfpubsub.controller.bookmarks)."""
+        seqs: dict[str, int] = {}
+        for topic in self.topics:
+            q = hello.seqs.get(topic)
+            st = peer.streams.get(topic)
+            if q is None:
+                if hello.more or (st is not None and st.next != 1):
+                    continue
+                q = 0
+            if st is None:
+                if q == 0:
+                    seqs[topic] = 0
+            elif not st.held and st.deadline is None and not st.claimed_from and st.next - 1 >= q:
+                seqs[topic] = q
+        if seqs:
+            self.bookmarks.append(Bookmark(pid, rev, seqs))
 
     def tick(self, now: float) -> list[EventBatch]:
         """Expire gaps whose window passed and publishers that went silent."""
@@ -249,6 +274,11 @@ class SequenceTracker:
         """Return and clear the resync requests made since the last call."""
         reqs, self.requests = self.requests, []
         return reqs
+
+    def pop_bookmarks(self) -> list[Bookmark]:
+        """Return and clear the bookmarks passed on since the last call."""
+        out, self.bookmarks = self.bookmarks, []
+        return out
 
     def gap_open(self, pid: str, topic: str) -> bool:
         """Whether a gap is open on this stream (for tests and df-db)."""

@@ -19,7 +19,7 @@ import sys
 
 from dfpubsub.config import parse_settings
 from dfpubsub.console import close_all, console_main
-from dfpubsub.controller import Controller, ControllerOptions, ObjectKey, StatusWriter
+from dfpubsub.controller import Controller, ControllerOptions, FeedIds, ObjectKey, StatusWriter
 from dfpubsub.daemon import Daemon, check_settings
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
@@ -73,19 +73,23 @@ def main(argv: list[str] | None = None) -> int:
         store.close()
         raise
     reconciler = LoggingReconciler()
+    # df-feed's bookmarks move the positions without reading the store; discovery says who is df-feed.
+    feeds = FeedIds() if settings.controller.discover and settings.controller.bookmarks else None
     controller = Controller(
         store, transport, topics, None, subscriber_options(settings.pubsub), name,
         settings.controller.reconcile_interval, settings.cache.tombstone_horizon,
         bootstrap=SnapshotBootstrap(settings.controller.bootstrap) if settings.controller.bootstrap else None,
         reconcilers={t: reconciler for t in settings.store.tables},
         runtime=ControllerOptions.from_settings(settings.controller),
+        feeds=feeds,
     )
     reconciler.controller = controller
     discovery = connector = None
     if settings.controller.discover:
         try:
             discovery = discovery_from_settings(settings)
-            connector = DiscoveryConnector(discovery, controller.subscriber, static=[driver.url] if driver.url else [])
+            connector = DiscoveryConnector(discovery, controller.subscriber, static=[driver.url] if driver.url else [],
+                                           feeds=feeds)
         except DfPubSubError:
             store.close()
             raise

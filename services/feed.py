@@ -56,13 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         pub = publisher
         feed = daemon.open("store", lambda: FeedPublisher(
             store, pub, FileCursor(fs.cursor, fs.fsync) if fs.cursor else None,
-            topics=settings.pubsub.topics, batch=fs.batch, compact_interval=fs.compact_interval))
+            topics=settings.pubsub.topics, batch=fs.batch, compact_interval=fs.compact_interval,
+            bookmark_interval=fs.bookmark_interval))
         if feed is None:
             return 0
         if fs.announce:
             discovery = found = discovery_from_settings(settings, create=True)
-            announcer = daemon.open("discovery", lambda: PublisherAnnouncer(found, pub,
-                                                                            advertise_host=fs.advertise_host or None))
+            announcer = daemon.open("discovery", lambda: PublisherAnnouncer(
+                found, pub, advertise_host=fs.advertise_host or None, role="feed"))
             if announcer is None:
                 return 0
         leadership = daemon.lead()

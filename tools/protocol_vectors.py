@@ -93,10 +93,10 @@ def batch_json(*, pub: str = PID, name: str = "api-0", topic: str = "port", seq:
 
 
 def hello_json(*, seqs: dict[str, Any] | None = None, reason: str = "welcome", max_idle: float = 5.0, host: str = "node-1",
-               more: bool = False, pub: str = PID) -> dict[str, Any]:
+               more: bool = False, pub: str = PID, rev: int | None = None) -> dict[str, Any]:
     return {"kind": "hello", "pub": pub, "name": "api-0", "sent_at": 1700000001.0,
             "seqs": {"port": 8} if seqs is None else seqs, "reason": reason, "max_idle": max_idle,
-            "host": host, "more": more}
+            "host": host, "more": more, **({} if rev is None else {"rev": rev})}
 
 
 def bye_json(seqs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -193,6 +193,12 @@ def vectors() -> list[dict[str, Any]]:
         ok("hello_part", hello_frame(extra=(("more", True),)), hello_json(more=True),
            "a part of a split hello that is not the last"),
         ok("hello_more_false", hello_frame(extra=(("more", False),)), hello_json()),
+        ok("hello_bookmark", hello_frame(reason="bookmark", extra=(("rev", 1234),)),
+           hello_json(reason="bookmark", rev=1234), "a feed publisher's bookmark (§7.4)"),
+        ok("hello_bookmark_largest", hello_frame(extra=(("rev", Raw(b"\xcf" + b"\xff" * 8)),)),
+           hello_json(rev=2**64 - 1), "a uint64 revision"),
+        ok("hello_bookmark_zero_as_int64", hello_frame(extra=(("rev", Raw(b"\xd3" + b"\x00" * 8)),)),
+           hello_json(rev=0), "any encoding of an integer"),
         ok("hello_max_idle_zero", hello_frame(max_idle=0), hello_json(max_idle=0),
            "an integer 0: no idle hellos, never taken as dead"),
         ok("hello_max_idle_negative", hello_frame(max_idle=-1.0), hello_json(max_idle=-1.0)),
@@ -273,6 +279,10 @@ def vectors() -> list[dict[str, Any]]:
         bad("hello_max_idle_nil", hello_frame(max_idle=None), "malformed", "header"),
         bad("hello_host_missing", hello_frame(drop=("host",)), "malformed", "header"),
         bad("hello_more_not_bool", hello_frame(extra=(("more", 1),)), "malformed", "header"),
+        bad("hello_rev_nil", hello_frame(extra=(("rev", None),)), "malformed", "header"),
+        bad("hello_rev_negative", hello_frame(extra=(("rev", -1),)), "malformed", "header"),
+        bad("hello_rev_float", hello_frame(extra=(("rev", 7.0),)), "malformed", "header"),
+        bad("hello_rev_bool", hello_frame(extra=(("rev", True),)), "malformed", "header"),
         bad("bye_seqs_missing", hello_frame(kind="bye", drop=("seqs",)), "malformed", "header"),
         # --- the header is sound, an event is not (stage "events") ---------------------------------
         bad("event_too_short", event_frame(events=farr(farr("port", "p1", "create", 3, None))), "malformed", "events"),
@@ -465,7 +475,8 @@ FORMAT = {
     "vectors": "name, note, hex (frame 1, the envelope), optional max_message_bytes (else the top-level one), "
                "expect: {envelope} or {error: reason, stage: header|events|any}",
     "envelope": "event: kind, pub, name, sent_at, topic, seq, events [{table, key, action, version, value, "
-                "timestamp}]; hello: kind, pub, name, sent_at, seqs, reason, max_idle, host, more; "
+                "timestamp}]; hello: kind, pub, name, sent_at, seqs, reason, max_idle, host, more, and rev when the frame has "
+                "it; "
                 "bye: kind, pub, name, sent_at, seqs",
     "values": "JSON where JSON can say it; a map with a key that is not a str is {\"$map\": [[key, value], ...]}, "
               "bin is {\"$bin\": hex}, an extension {\"$ext\": [type, hex]}, a timestamp "

@@ -5,23 +5,26 @@ store, a rate-limited work queue hands changed keys to level-triggered reconcile
 - :mod:`.cache`, :mod:`.indexer`: the cache, its indexes and listers;
 - :mod:`.replay`, :mod:`.relist`: repairing the cache from the store's change feed (what was
   missed), or from a listing (the whole topic) where the feed cannot;
+- :mod:`.bookmarks`: moving the position in the feed on a feed publisher's bookmarks, reading
+  nothing;
 - :mod:`.reconciler`: what users implement;
 - :mod:`.workqueue`, :mod:`.ratelimit`: the queue of keys and its retry limiters, which know
   nothing of events, stores or pub/sub (an import contract holds them to it);
 - :mod:`.status`: the status file ``df-db controller-status`` reads.
 """
 
+from .bookmarks import FeedIds
 from .cache import Change, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import DONE, REQUEUE, HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
 from .relist import Relisted, relist
-from .replay import Replayed, TooFarBehind
+from .replay import AheadOfStore, Replayed, TooFarBehind
 from .runtime import Bootstrap, Controller, ControllerOptions, FailedKey, Repair
 from .status import StatusWriter, read_status, write_status
 from .workqueue import WorkQueue
 
-__all__ = ["Bootstrap", "Change", "Controller", "ControllerOptions", "DONE", "ExponentialBackoff", "FailedKey",
-           "HandlerReconciler", "IndexFunc", "Indexer", "Lister", "ObjectKey", "REQUEUE", "RateLimiter",
-           "Reconciler", "Relisted", "Repair", "Replayed", "Result", "TooFarBehind", "StatusWriter", "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue",
-           "read_status", "relist", "write_status"]
+__all__ = ["AheadOfStore", "Bootstrap", "Change", "Controller", "ControllerOptions", "DONE", "ExponentialBackoff",
+           "FailedKey", "FeedIds", "HandlerReconciler", "IndexFunc", "Indexer", "Lister", "ObjectKey", "REQUEUE",
+           "RateLimiter", "Reconciler", "Relisted", "Repair", "Replayed", "Result", "TooFarBehind", "StatusWriter",
+           "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue", "read_status", "relist", "write_status"]

@@ -381,6 +381,39 @@ class VersionedCache:
             touched, self._touched = self._touched or set(), set()
             return touched
 
+    def vouch(self, events: list[Event], applied: list[bool]) -> list[tuple[str, str]]:
+        """A feed publisher's events, each with whether :meth:`apply` took it: the objects the
+        cache now holds as these events say are no longer *touched* (:meth:`take_touched`).
+
+        One that applied is the feed's now. One that did not is vouched for only if the cache
+        holds it at exactly its version with the same (transformed) value, or holds no object where
+        it says deleted: a forged event with the genuine version and another value that came first
+        stays touched, and the next replay reads it. Returns the objects vouched for."""
+        out: list[tuple[str, str]] = []
+        with self._lock:
+            touched, tables = self._touched, self._tables
+            for event, took in zip(events, applied):
+                ident = (event.table, event.key)
+                if not took:
+                    rows = tables.get(event.table)
+                    held = rows.get(event.key) if rows is not None else None
+                    if event.action is _DELETE:
+                        if held is not None:
+                            continue
+                    elif held is None or held[0] != event.version or held[1] != event.topic:
+                        continue
+                    else:
+                        value = event.value
+                        transform = self._transforms.get(event.table) if self._transforms else None
+                        if transform is not None:
+                            value = self._transformed(transform, event.table, event.key, value)
+                        if self._pack(value) != held[2]:
+                            continue
+                if touched is not None:
+                    touched.discard(ident)
+                out.append(ident)
+        return out
+
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, table: str, key: str) -> VersionedObject | None:

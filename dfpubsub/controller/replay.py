@@ -23,13 +23,18 @@ afterwards for every object written or touched since.
 
 The position only moves over entries read, up to the head read before them.
 A replay never skips history, and never stops short of the newest write it
-knows of (on etcd, whose head also counts other clients' writes, the newest
-write of an object that exists: :meth:`Store.feed_floor`): what it cannot do
-it refuses, and the caller relists:
-:class:`~dfpubsub.errors.HistoryGone` (the feed was trimmed or compacted below
-``after``) and :class:`TooFarBehind` (more entries than ``max_entries``, where
-a relist reads less, OVSDB's rule; known before reading where every revision
-is an entry, :attr:`Store.feed_dense`).
+knows of (:meth:`Store.feed_last`, read after the head: on etcd, whose head
+also counts other clients' writes, a key every write of the store puts), so it
+is *complete*: it read every write committed before it began. (On an etcd
+store that no writer of this version wrote to, it reads up to the newest write
+of an object that exists, :meth:`Store.feed_floor`, then until nothing more
+arrives for a moment: probably complete, not provably.) What it cannot do it
+refuses, and the caller relists: :class:`~dfpubsub.errors.HistoryGone` (the
+feed was trimmed or compacted below ``after``), :class:`TooFarBehind` (more
+entries than ``max_entries``, where a relist reads less, OVSDB's rule; known
+before reading where every revision is an entry, :attr:`Store.feed_dense`) and
+:class:`AheadOfStore` (``after`` is above the store's head: only a bookmark
+could have put it there, or the store went back to an older state).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from ..events import Action, VersionedObject
 from ..store import FeedEntry, Store
 from .cache import Change, VersionedCache
 
-__all__ = ["Replayed", "TooFarBehind", "replay"]
+__all__ = ["AheadOfStore", "Replayed", "TooFarBehind", "replay"]
 
 _DELETE = Action.DELETE
 #: Objects per get_many: one request each, small enough for every backend's limits.
@@ -59,28 +64,37 @@ class TooFarBehind(Exception):
     """The feed since the position holds more entries than a replay may read: relist instead."""
 
 
+class AheadOfStore(Exception):
+    """The position is above the store's head: no write of this store put it there."""
+
+
 class Replayed(NamedTuple):
     """What a replay did: the changes the cache had missed, the feed entries and objects it read,
-    and the revision the cache is now complete up to."""
+    the revision the cache is now complete up to, and whether it provably read every write
+    committed before it began (see the module's doc)."""
 
     changes: list[Change]
     entries: int
     objects: int
     position: int
+    complete: bool
 
 
 def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *, max_entries: int,
            touched: Iterable[tuple[str, str]] = ()) -> Replayed:
     """Bring ``cache`` up to the store's head for ``topics`` from the feed after ``after``.
 
-    Raises :class:`~dfpubsub.errors.HistoryGone` or :class:`TooFarBehind` (having changed
-    nothing), and StoreUnavailable when the store is, or when its feed does not reach the head
-    within ``_CATCH_UP`` seconds (the caller tries again later: a replay never stops short).
+    Raises :class:`~dfpubsub.errors.HistoryGone`, :class:`TooFarBehind` or
+    :class:`AheadOfStore` (having changed nothing), and StoreUnavailable when the store is, or
+    when its feed does not reach the head within ``_CATCH_UP`` seconds (the caller tries again
+    later: a replay never stops short).
     """
     head = store.feed_head()
+    if after > head:
+        raise AheadOfStore(f"position {after} is above the store's head {head}")
     if store.feed_dense and head - after > max_entries:  # the count is known without reading
         raise TooFarBehind(f"{head - after} feed entries since revision {after}, more than {max_entries}")
-    last, position, entries = _read(store, after, head, max_entries)
+    last, position, entries, complete = _read(store, after, head, max_entries)
     wanted: list[tuple[str, str]] = []
     deleted: list[tuple[tuple[str, str], int]] = []
     version, live, unsure = cache.version, cache.live_version, not store.feed_topics
@@ -109,31 +123,36 @@ def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *,
     # position, so that a forged version cannot block the object's genuine writes.
     gone = [(i, min(version(*i), position)) for i in wanted if i not in found and live(*i) is not None]
     changes = cache.correct(topics, fetched, deleted + gone)
-    return Replayed(changes, entries, len(wanted), position)
+    return Replayed(changes, entries, len(wanted), position, complete)
 
 
-def _read(store: Store, after: int, head: int, max_entries: int) -> tuple[dict[tuple[str, str], FeedEntry], int, int]:
+def _read(store: Store, after: int, head: int,
+          max_entries: int) -> tuple[dict[tuple[str, str], FeedEntry], int, int, bool]:
     """The last entry of each object written after ``after`` up to ``head``, the revision the
-    reader reached, and how many entries it read.
+    reader reached, how many entries it read, and whether that is every write committed before
+    the head was read.
 
-    Up to ``head`` where every revision is an entry. Elsewhere (etcd) the head also counts
-    other keys' writes, which the feed never shows: a reader that went quiet short of the head
-    must reach the floor (:meth:`Store.feed_floor`, the newest write of an object that exists,
-    asked only then: etcd sorts every key for it), then stops once nothing more arrived for
-    ``_QUIET`` seconds; a delete after the floor still in transit then is left to the next
-    repair (the position does not pass it)."""
+    Up to the store's newest write (:meth:`Store.feed_last`, read after the head: the head
+    itself where every revision is an entry). Where that is unknown (an etcd store no writer of
+    this version wrote to), a reader that went quiet short of the head must reach the floor
+    (:meth:`Store.feed_floor`, the newest write of an object that exists, asked only then: etcd
+    sorts every key for it), then stops once nothing more arrived for ``_QUIET`` seconds; a
+    delete after the floor still in transit then is left to the next repair (the position does
+    not pass it), and the replay is not complete."""
+    goal = head if store.feed_dense else store.feed_last()
     reader = store.follow_feed(after)
     last: dict[tuple[str, str], FeedEntry] = {}
     count = 0
     now = time.monotonic()
-    deadline, quiet_since, floor = now + _CATCH_UP, now, head if store.feed_dense else None
+    deadline, quiet_since, floor = now + _CATCH_UP, now, None
     try:
-        while reader.position < head:
+        while reader.position < (head if goal is None else goal):
             batch = reader.read(1000, 0.05)
             now = time.monotonic()
             if batch:
                 deadline, quiet_since = now + _CATCH_UP, now
-            elif now - quiet_since >= _QUIET and reader.position >= (floor := store.feed_floor() if floor is None else floor):
+            elif goal is None and now - quiet_since >= _QUIET and reader.position >= (
+                    floor := store.feed_floor() if floor is None else floor):
                 break
             elif now > deadline:  # stopping short would call the repair done with writes unread
                 raise StoreUnavailable(f"the feed stopped at revision {reader.position} of {head} for {_CATCH_UP:g} s")
@@ -142,7 +161,7 @@ def _read(store: Store, after: int, head: int, max_entries: int) -> tuple[dict[t
                 raise TooFarBehind(f"more than {max_entries} feed entries since revision {after}")
             for entry in batch:
                 last[(entry.table, entry.key)] = entry
-        return last, reader.position, count
+        return last, reader.position, count, reader.position >= (head if goal is None else goal)
     finally:
         reader.close()
 

@@ -37,19 +37,20 @@ from typing import NamedTuple
 from ..config import ControllerSettings
 from ..console import stop_on_signals
 from ..errors import HistoryGone
-from ..events import Action, Event, VersionedObject
+from ..events import Action, Bookmark, Event, VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
 from ..store import Store
 from ..subscriber import Subscriber, SubscriberOptions
 from ..tracker import ResyncRequest
 from ..transport import SubscriberTransport
+from .bookmarks import FeedStreams
 from .cache import DEFAULT_DECODED, Change, Transform, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
 from .relist import relist
-from .replay import TooFarBehind, replay
+from .replay import AheadOfStore, TooFarBehind, replay
 from .workqueue import WorkQueue
 
 __all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap", "Repair"]
@@ -74,10 +75,13 @@ _CAUSES = {
     # store's feed usually still has it.
     "compacted": "transport_history", "history_lost": "transport_history", "trimmed": "transport_history",
     "reset": "transport_history", "subscribe_delayed": "transport_history",
+    "anchor": "anchor",
 }
+#: Requests that forget a publisher: its streams' bookmarks prove nothing from then on.
+_FORGOTTEN = frozenset({"publisher_lost", "publisher_gone", "publisher_silent", "publisher_evicted"})
 #: When several requests were coalesced into one repair, the cause it is counted under.
 _PRIORITY = ("periodic", "first_sync", "dead_publisher", "transport_history", "overflow", "gap", "manual",
-             "checkpoint")
+             "anchor", "checkpoint")
 
 
 @dataclass(slots=True)
@@ -154,7 +158,10 @@ class Controller:
     events had missed. ``bootstrap`` replaces the store listing of the first
     sync of each topic (from a compacted snapshot, docs/pipeline.md). ``transforms`` maps a table
     to a function applied to each of its values before it is cached (client-go's
-    ``SetTransform``): what reconcilers, indexes and listers see.
+    ``SetTransform``): what reconcilers, indexes and listers see. ``feeds(publisher_id)`` names the
+    feed publishers (df-feed) whose bookmarks move the positions without reading the store
+    (:mod:`.bookmarks`; :class:`~dfpubsub.controller.bookmarks.FeedIds` is a set of ids that
+    discovery's connector can keep up to date); None: positions move by replays only.
     """
 
     def __init__(
@@ -175,6 +182,7 @@ class Controller:
         indexers: Mapping[str, Mapping[str, IndexFunc]] | None = None,
         runtime: ControllerOptions | None = None,
         transforms: Mapping[str, Transform] | None = None,
+        feeds: Callable[[str], bool] | None = None,
     ):
         self.store = store
         self.name = name
@@ -204,6 +212,10 @@ class Controller:
         self._badlog = RateLimitedLog(log)
         #: Per topic, the store revision up to which the cache holds every committed write.
         self.positions: dict[str, int] = {}
+        #: The positions as the store last proved them (a repair, or its head at a checkpoint):
+        #: where they go back to when a bookmark turns out to be ahead of the store.
+        self._proven: dict[str, int] = {}
+        self.feed_streams = FeedStreams(feeds) if feeds is not None else None
         self._touched: set[_Ident] = set()  # changed by events since the last repair, not yet checked
         self._causes: dict[str, set[str]] = {}
         self._causes_lock = threading.Lock()
@@ -220,6 +232,8 @@ class Controller:
         self.synced = threading.Event()
         self.subscriber = Subscriber(
             transport, topics, None, self._on_resync, options, name, self._note_gap, stats, on_events=self._on_events,
+            on_bookmark=self._on_bookmark if feeds is not None else None,
+            on_passed=self._on_passed if feeds is not None else None,
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -294,6 +308,31 @@ class Controller:
     def _on_events(self, events: list[Event]) -> None:
         """Apply an envelope's events to the cache (and indexes) and queue the keys they changed, in
         one step (one lock round and one wake-up for them all). The dispatch thread's hot path."""
+        streams = self.feed_streams
+        if streams is not None and events and streams.is_feed(events[0].publisher_id):
+            self._on_feed_events(events, streams)
+        else:
+            self._apply(events, None)
+
+    def _on_feed_events(self, events: list[Event], streams: FeedStreams) -> None:
+        """A feed publisher's envelope: applied as any other; its sequences are noted for the
+        bookmarks that follow (:mod:`.bookmarks`), and its objects vouched for (no longer touched:
+        :meth:`VersionedCache.vouch`), so that a position that bookmarks moved leaves nothing for
+        the next replay to read back."""
+        first = events[0]
+        took: list[bool] = []
+        try:
+            self._apply(events, took)
+        except BaseException:
+            streams.broken(first.publisher_id, first.topic)
+            raise
+        streams.applied(first.publisher_id, first.topic, first.seq, events[-1].seq)
+        vouched = self.cache.vouch(events, took)
+        if self._touched:
+            self._touched.difference_update(vouched)
+
+    def _apply(self, events: list[Event], took: list[bool] | None) -> None:
+        """:meth:`_on_events`' work; ``took`` collects whether the cache took each event."""
         apply, get, reconcilers, indexers = self.cache.apply, self.cache.get, self.reconcilers, self.indexers
         pending: list[_Ident] = []
         stale = 0
@@ -302,12 +341,18 @@ class Controller:
                 table = event.table
                 if event.action is _DELETE:
                     previous = get(table, event.key)
-                    if not apply(event):
+                    ok = apply(event)
+                    if took is not None:
+                        took.append(ok)
+                    if not ok:
                         stale += 1
                     elif previous is not None:
                         self._changed(table, event.key, None, previous, indexers.get(table), pending)
                     continue
-                if not apply(event):
+                ok = apply(event)
+                if took is not None:
+                    took.append(ok)
+                if not ok:
                     stale += 1
                     continue
                 if indexers:
@@ -324,6 +369,29 @@ class Controller:
                 self.stats.inc("stale_events", stale)
             if pending:
                 self.queue.add_many(pending)
+
+    def _on_bookmark(self, bookmark: Bookmark) -> None:
+        """A feed publisher's bookmark, in band: move the positions it proves (:mod:`.bookmarks`);
+        for the streams it cannot anchor yet, ask once for a replay, whose completion anchors them."""
+        streams = self.feed_streams
+        assert streams is not None  # set with the handler
+        moved, unanchored = streams.bookmark(bookmark, self.positions)
+        if moved:
+            self.positions.update(moved)
+            self.stats.inc("bookmark_moves")
+        if unanchored:
+            self.subscriber.request_resync(unanchored, reason="anchor")
+
+    def _on_passed(self, request: ResyncRequest) -> None:
+        """A resync request reached the dispatch thread: the numbers it passed over break the
+        publisher's stream (:mod:`.bookmarks`), and a publisher forgotten proves nothing more."""
+        streams = self.feed_streams
+        if streams is None or not request.publisher_id:
+            return
+        if request.reason in _FORGOTTEN:
+            streams.forget(request.publisher_id)
+        elif request.missing is not None:
+            streams.passed(request.publisher_id, request.topic, request.missing[1])
 
     def _list(self, topics: set[str]) -> list[VersionedObject]:
         """The source of truth for ``topics``: the bootstrap for those never synced, else the store."""
@@ -392,13 +460,22 @@ class Controller:
             covered = set(positions)  # the feed is read for all: each topic's entries come along
             touched = self._touched
             touched |= self.cache.take_touched()
+            if cause == "checkpoint" and not touched and positions != self._proven and self._prove():
+                return [], 0, 0, 0, "proof", cause
             # OVSDB's rule: replay unless a listing reads less (a feed entry costs more than an
             # object's version in a listing, by the backend's measure).
             limit = int(self.runtime.replay_max_ratio * max(len(self.cache), 1000) / self.store.feed_entry_cost)
             try:
-                done = replay(self.store, self.cache, covered, min(positions.values()), max_entries=limit,
-                              touched=touched)
-            except HistoryGone:
+                try:
+                    done = replay(self.store, self.cache, covered, min(positions.values()), max_entries=limit,
+                                  touched=touched)
+                except AheadOfStore:
+                    if positions == self._proven:
+                        raise
+                    self._refuse_bookmarks()  # then from where the store last proved the cache complete
+                    done = replay(self.store, self.cache, covered, min(positions.values()), max_entries=limit,
+                                  touched=touched)
+            except (HistoryGone, AheadOfStore):  # a store restored from an older backup: history is not ours
                 cause = "history_gone"
             except TooFarBehind:
                 cause = "too_far_behind"
@@ -406,6 +483,9 @@ class Controller:
                 touched.clear()
                 for topic in covered:
                     positions[topic] = done.position
+                self._proven = dict(positions)
+                if done.complete and self.feed_streams is not None:
+                    self.feed_streams.repaired(covered, done.position)
                 self.stats.inc("replays", reason=cause)
                 self.stats.inc("replay_entries", done.entries)
                 self.stats.inc("replay_objects", done.objects)
@@ -430,9 +510,34 @@ class Controller:
             self._touched |= self.cache.take_touched()
         for topic in topics:
             positions[topic] = found.revision
+        self._proven = dict(positions)
+        if self.feed_streams is not None:  # a listing reflects every write committed before it began
+            self.feed_streams.repaired(topics, found.revision)
         self.stats.inc("relists", reason=cause)
         self.stats.inc("relist_objects", found.objects)
         return found.changes, found.changed, found.objects, 0, "relist", cause
+
+    def _prove(self) -> bool:
+        """A checkpoint with nothing touched since the last repair, where bookmarks moved the
+        positions: one read of the store's head proves them (a bookmark can only name a revision
+        the store has reached) instead of a replay of every entry since; False (and the positions
+        back where the store last proved them) if one is ahead of it."""
+        head = self.store.feed_head()
+        if max(self.positions.values()) > head:
+            self._refuse_bookmarks()
+            return False
+        self._proven = dict(self.positions)
+        self.stats.inc("checkpoint_proofs")
+        return True
+
+    def _refuse_bookmarks(self) -> None:
+        """A position is ahead of the store's head: only a bookmark (forged, or from a store that
+        went back) can have put it there. Back to where the store last proved the cache complete."""
+        self.stats.inc("bookmarks_refused", reason="ahead_of_store")
+        self._badlog.warning("bookmark", "a bookmark named a revision the store has not reached; positions reset",
+                             controller=self.name, positions=dict(self.positions), proven=dict(self._proven))
+        self.positions.clear()
+        self.positions.update(self._proven)
 
     def _changed(self, table: str, key: str, obj: VersionedObject | None, previous: VersionedObject | None,
                  indexer: Indexer | None, pending: list[_Ident]) -> None:

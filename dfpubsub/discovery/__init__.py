@@ -113,6 +113,13 @@ def advertised_uri(uri: str, host: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+class _IdSet(Protocol):
+    """Where :class:`DiscoveryConnector` notes the feeds' ids (dfpubsub.controller.bookmarks.FeedIds)."""
+
+    def add(self, publisher_id: str) -> None: ...
+    def discard(self, publisher_id: str) -> None: ...
+
+
 class Announced(Protocol):
     """What :class:`PublisherAnnouncer` reads of a publisher: a
     :class:`~dfpubsub.publisher.Publisher`, or the :class:`~dfpubsub.relay.Relay` of a publisher service."""
@@ -145,6 +152,7 @@ class PublisherAnnouncer:
         *,
         advertise_host: str | None = None,
         started_at: float | None = None,
+        role: str = "",
     ):
         self.discovery = discovery
         self.publisher = publisher
@@ -163,6 +171,7 @@ class PublisherAnnouncer:
             started_at=time.time() if started_at is None else started_at,
             topics=sorted(set(publisher.sequences() if topics is None else topics)),
             curve_key=getattr(publisher.transport, "public_key", ""),
+            role=role,
         )
         self.registration = discovery.register(record)
         if topics is None:
@@ -192,9 +201,11 @@ class DiscoveryConnector:
     port). Only URIs this connector connected are ever disconnected: the
     subscriber's own endpoints, ``static`` and those its transport already
     had (``transport.endpoints``, where the driver has it), are left alone.
-    ``accept(record)`` may filter the publishers to follow. Errors of the
-    subscriber (a URI its driver refuses, a closed subscriber) are logged,
-    not raised.
+    ``accept(record)`` may filter the publishers to follow. ``feeds`` (a
+    :class:`~dfpubsub.controller.bookmarks.FeedIds`, say) is told the ids of the
+    accepted records whose role is ``feed`` as they come and go: the publishers
+    whose bookmarks a controller trusts. Errors of the subscriber (a URI its
+    driver refuses, a closed subscriber) are logged, not raised.
     """
 
     def __init__(
@@ -203,10 +214,12 @@ class DiscoveryConnector:
         subscriber: Subscriber,
         static: Iterable[str] = (),
         accept: Callable[[PublisherRecord], bool] | None = None,
+        feeds: _IdSet | None = None,
     ):
         self.discovery = discovery
         self.subscriber = subscriber
         self.accept = accept
+        self.feeds = feeds
         self._static = set(static) | set(self._transport_endpoints())
         self._lock = threading.Lock()
         self._uris_of: dict[str, list[str]] = {}  # publisher id -> URIs it holds connected
@@ -250,6 +263,7 @@ class DiscoveryConnector:
     def _added(self, record: PublisherRecord) -> None:
         if self.accept is not None and not self.accept(record):
             return
+        self._note_role(record, True)
         with self._lock:
             self._curve_keys[record.publisher_id] = record.curve_key
             self._hold(record.publisher_id, record.uris)
@@ -258,15 +272,26 @@ class DiscoveryConnector:
         with self._lock:
             self._curve_keys[record.publisher_id] = record.curve_key
             old = self._uris_of.pop(record.publisher_id, [])
-            if self.accept is None or self.accept(record):
+            accepted = self.accept is None or self.accept(record)
+            self._note_role(record, accepted)
+            if accepted:
                 self._hold(record.publisher_id, record.uris)  # connect what is new before dropping what went
             kept = self._uris_of.get(record.publisher_id, [])
             self._release(record.publisher_id, [uri for uri in old if uri not in kept])
 
     def _removed(self, record: PublisherRecord) -> None:
+        self._note_role(record, False)
         with self._lock:
             self._curve_keys.pop(record.publisher_id, None)
             self._release(record.publisher_id, self._uris_of.pop(record.publisher_id, []))
+
+    def _note_role(self, record: PublisherRecord, present: bool) -> None:
+        if self.feeds is None:
+            return
+        if present and record.role == "feed":
+            self.feeds.add(record.publisher_id)
+        else:
+            self.feeds.discard(record.publisher_id)
 
     def _hold(self, publisher_id: str, uris: list[str]) -> None:
         held: list[str] = []

@@ -81,6 +81,9 @@ class PublisherRecord:
     lease_left: float | None = field(default=None, compare=False)
     #: The publisher's CURVE public key (Z85) when it encrypts: what a discovering subscriber pins.
     curve_key: str = ""
+    #: What it is beyond a publisher: "feed" for df-feed, whose bookmarks controllers may trust
+    #: (docs/reliability.md, "Bookmarks"); "" for any other.
+    role: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.publisher_id, str) or not _ID.fullmatch(self.publisher_id):
@@ -100,6 +103,8 @@ class PublisherRecord:
         object.__setattr__(self, "started_at", float(self.started_at))
         if not isinstance(self.curve_key, str) or self.curve_key and not _Z85.fullmatch(self.curve_key):
             raise ValueError(f"curve_key must be a 40-character Z85 key, got {self.curve_key!r}")
+        if not isinstance(self.role, str) or len(self.role) > 64:
+            raise ValueError(f"role must be a string of at most 64 characters, got {self.role!r:.80}")
 
     @property
     def age(self) -> float:
@@ -112,6 +117,7 @@ class PublisherRecord:
             "publisher_id": self.publisher_id, "name": self.name, "uris": list(self.uris), "host": self.host,
             "pid": self.pid, "started_at": self.started_at, "topics": list(self.topics),
             **({"curve_key": self.curve_key} if self.curve_key else {}),
+            **({"role": self.role} if self.role else {}),
         }
 
     def to_json(self) -> bytes:
@@ -129,7 +135,7 @@ class PublisherRecord:
             raise ValueError("not a JSON object")
         try:
             return cls(obj["publisher_id"], obj["name"], obj["uris"], obj["host"], obj["pid"], obj["started_at"],
-                       obj["topics"], lease_left, obj.get("curve_key", ""))
+                       obj["topics"], lease_left, obj.get("curve_key", ""), obj.get("role", ""))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"missing or bad field: {exc}") from exc
 

@@ -222,6 +222,13 @@ class Store(abc.ABC):
         knows from this how far it surely must read."""
         return self.feed_head()
 
+    def feed_last(self) -> int | None:
+        """The revision of the store's newest write, deletes included: a reader that has reached it
+        has read every write committed before this call. Where every revision is an entry
+        (:attr:`feed_dense`) this is :meth:`feed_head`; etcd keeps it in a key every write puts
+        (None on a store no writer of this version has written to yet)."""
+        return self.feed_head()
+
     def read_feed(self, after: int, limit: int = DEFAULT_BATCH) -> builtins.list[FeedEntry]:
         """Up to ``limit`` feed entries with revisions above ``after``, oldest first, without waiting.
 

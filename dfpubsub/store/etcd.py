@@ -23,6 +23,11 @@ Layout:
 - ``/{prefix}/store`` marks the store as made (:meth:`Store.initialized`): ``df-db
   init`` and a writer's open put it once; a store holding objects counts as made
   without it. It lies outside ``nb`` and its history, which the change feed reads.
+- ``/{prefix}/feedlast`` is put (empty) by every write's transaction, so that its
+  ``mod_revision`` is the revision of the store's newest write, deletes included
+  (:meth:`Store.feed_last`): etcd's own revision counts every key of the
+  cluster, and no range read shows a delete. A repair reads the feed up to it
+  and knows it has read every write committed before it began.
 
 Why the topic is a sibling key: every write must return the object's topic
 (it is what gets published), yet update and delete are not told it. Inside
@@ -124,6 +129,8 @@ class EtcdStore(Store):
         self._root = f"/{prefix}/nb/".encode()
         self._topic_root = f"/{prefix}/nbtopic/".encode()
         self._mark = f"/{prefix}/store".encode()
+        self._last = f"/{prefix}/feedlast".encode()
+        self._put_last = rpc.PutRequest(key=self._last)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -142,7 +149,7 @@ class EtcdStore(Store):
     def initialize(self) -> None:
         absent = rpc.Compare(key=self._mark, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
         # Put once: every put is a revision of the whole cluster, which readers of the feed skip.
-        self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store")]))
+        self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store"), self._put_last]))
 
     # -- etcd operations ----------------------------------------------------------------
 
@@ -291,7 +298,7 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         absent = rpc.Compare(key=path, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
         response = self._write(txn([absent], [rpc.PutRequest(key=path, value=blob),
-                                                _set_topic(table, topic_path, topic)]))
+                                                _set_topic(table, topic_path, topic), self._put_last]))
         if not response.succeeded:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, response.header.revision, value)
@@ -303,8 +310,9 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         # Without a new topic, the current one is read in the same transaction.
         topic_op = rpc.RangeRequest(key=topic_path) if topic is None else _set_topic(table, topic_path, topic)
-        response = self._write(txn(_exists(path, expected), [rpc.PutRequest(key=path, value=blob), topic_op],
-                                     [rpc.RangeRequest(key=path, keys_only=True)]))
+        response = self._write(txn(_exists(path, expected),
+                                   [rpc.PutRequest(key=path, value=blob), topic_op, self._put_last],
+                                   [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
         if topic is None:
@@ -315,7 +323,7 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         response = self._write(txn(
             _exists(path, expected),
-            [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True)],
+            [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True), self._put_last],
             [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
@@ -332,8 +340,8 @@ class EtcdStore(Store):
 
     def _drop_all(self) -> int:
         response = self._commit(txn([], [
-            rpc.DeleteRangeRequest(key=root, range_end=prefix_range_end(root))
-            for root in (self._root, self._topic_root)]))
+            *(rpc.DeleteRangeRequest(key=root, range_end=prefix_range_end(root))
+              for root in (self._root, self._topic_root)), self._put_last]))
         return int(response.responses[0].response_delete_range.deleted)
 
     # -- change feed: etcd's own history (dfpubsub/store/etcd_feed.py) ----------------------
@@ -344,6 +352,11 @@ class EtcdStore(Store):
     def _feed_head(self) -> int:
         return int(self._conn.call(lambda kv: kv.Range(rpc.RangeRequest(key=self._root, limit=1, keys_only=True),
                                                    timeout=self.timeout)).header.revision)
+
+    def feed_last(self) -> int | None:
+        kvs = self._conn.call(lambda kv: kv.Range(rpc.RangeRequest(key=self._last, keys_only=True),
+                                                  timeout=self.timeout)).kvs
+        return int(kvs[0].mod_revision) if kvs else None
 
     def feed_floor(self) -> int:
         # The newest modification among the objects, however many there are (etcd sorts on the

@@ -91,7 +91,7 @@ def envelope_json(env: Any, events: list | None = None) -> dict[str, Any]:
         ]}
     if type(env) is Hello:
         return {"kind": "hello", **common, "seqs": env.seqs, "reason": env.reason, "max_idle": env.max_idle_time,
-                "host": env.host, "more": env.more}
+                "host": env.host, "more": env.more, **({} if env.rev is None else {"rev": env.rev})}
     assert type(env) is Bye
     return {"kind": "bye", **common, "seqs": env.seqs}
 

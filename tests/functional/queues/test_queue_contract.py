@@ -13,8 +13,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multip
 from dfpubsub.errors import InvalidValue, QueueFull, QueueNotFound, ReservationNotFound
 from dfpubsub.queues import QueueEntry, QueueStats, open_queues
 from dfpubsub.queues.api import marker as marker_of
+from tests.functional.store_helpers import backend_location
 
-_prefix = itertools.count()
 END = "9" * 20  # a marker after every entry
 
 
@@ -34,10 +34,7 @@ class FakeClock:
 @pytest.fixture(params=["sqlite", "redis", "etcd"])
 def queues_url(request, tmp_path):
     """(url, options) of a fresh, empty queue backend of each kind."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/queues.sqlite", {}
-    server = request.getfixturevalue(f"shared_{request.param}")
-    return server.url, {"prefix": f"q{next(_prefix)}-{tmp_path.name}"}
+    return backend_location(request, tmp_path, "q", "queues.sqlite")
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """One contract, three backends: SQLite (embedded), etcd and Redis (real servers)."""
 
-import itertools
 import json
 import subprocess
 import sys
@@ -17,19 +16,16 @@ from dfpubsub.errors import (
     VersionConflict,
 )
 from dfpubsub.store import open_store
+from tests.functional.store_helpers import backend_location
 
 TABLES = ["port", "network", "counter"]
-_prefix = itertools.count()
 WORKER = Path(__file__).with_name("store_worker.py")
 
 
 @pytest.fixture(params=["sqlite", "etcd", "redis"])
 def store_url(request, tmp_path):
     """(url, options) of a fresh, empty store of each backend."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/nb.sqlite", {}
-    server = request.getfixturevalue(f"shared_{request.param}")
-    return server.url, {"prefix": f"t{next(_prefix)}-{tmp_path.name}"}
+    return backend_location(request, tmp_path, "t")
 
 
 @pytest.fixture
