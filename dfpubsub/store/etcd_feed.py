@@ -12,8 +12,12 @@ gives the topic. Retention is the server's compaction
 ``compact_revision`` and the reader raises HistoryGone.
 
 A member cut off from its cluster but alive keeps a stream open and silent;
-the reader asks for progress every second and drops a stream silent for three
-rounds, so :meth:`read` raises StoreUnavailable and the next call watches again.
+the reader asks for progress every second and :meth:`read` cancels a stream
+silent for three rounds (and the store's timeout), so that it raises
+StoreUnavailable and the next call watches again. The check is the reader's,
+not the request stream's: gRPC pulls the next request only once the last one
+was sent, so a stream whose first request never leaves (a connection that
+never comes up) would never run a check placed there.
 """
 
 from __future__ import annotations
@@ -54,10 +58,15 @@ class EtcdFeedReader(FeedReader):
         self._stop = threading.Event()
         self._call: Any = None
         self._thread: threading.Thread | None = None
+        self._last_seen = time.monotonic()  # the stream's last answer (or start)
 
     def read(self, limit: int = DEFAULT_BATCH, timeout: float = 0.0) -> list[FeedEntry]:
         if self._thread is None or not self._thread.is_alive():
             self._start()
+        elif time.monotonic() - self._last_seen > 3 * _PROGRESS_EVERY + self.store.timeout:
+            call = self._call
+            if call is not None:
+                call.cancel()  # silent too long: the thread ends with an error, the next read watches again
         out: list[FeedEntry] = []
         try:
             item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
@@ -90,6 +99,7 @@ class EtcdFeedReader(FeedReader):
             self._thread.join(5)
 
     def _start(self) -> None:
+        self._last_seen = time.monotonic()
         self._queue = queue.Queue(_QUEUED)
         self._thread = threading.Thread(target=self._run, args=(self._queue, self.position), daemon=True,
                                         name="dfpubsub-etcd-feed")
@@ -98,16 +108,12 @@ class EtcdFeedReader(FeedReader):
     def _run(self, out: queue.Queue[Any], after: int) -> None:
         store = self.store
         root = store._root[:-1]  # ".../nb": both the object and the topic keys
-        last_seen = [time.monotonic()]
         ended = threading.Event()
 
         def requests() -> Any:
             yield rpc.WatchRequest(create_request=rpc.WatchCreateRequest(
                 key=root, range_end=prefix_range_end(root), start_revision=after + 1, prev_kv=True))
             while not (self._stop.wait(_PROGRESS_EVERY) or ended.is_set()):
-                if time.monotonic() - last_seen[0] > 3 * _PROGRESS_EVERY + store.timeout:
-                    self._call.cancel()
-                    return
                 yield rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
 
         error: Exception
@@ -115,7 +121,7 @@ class EtcdFeedReader(FeedReader):
         try:
             self._call = responses = rpc.WatchStub(channel).Watch(requests())
             for response in responses:
-                last_seen[0] = time.monotonic()
+                self._last_seen = time.monotonic()
                 if response.compact_revision:
                     raise HistoryGone(after, int(response.compact_revision) - 1)
                 if response.canceled:
