@@ -69,8 +69,7 @@ def durable_redis(tmp_path):
 def test_committed_creates_reach_the_controller_while_the_store_is_killed_and_restarted(
         backend, publish, request, tmp_path):
     server = request.getfixturevalue("etcd_server" if backend == "etcd" else backend)
-    writer_store, feed_store, ctrl_store, truth_store = (open_store(server.url, ["port"], timeout=2.0)
-                                                         for _ in range(4))
+    writer_store, feed_store, ctrl_store, truth_store = (open_store(server.url, ["port"]) for _ in range(4))
     bus = f"memory://feed-restarts-{next(_bus)}"
     feed_stats = Stats("feed", "feed")
     feed_pub = Publisher(load_driver(bus).publisher(feed_stats), "feed", PublisherOptions(max_idle_time=0.5),
@@ -106,11 +105,11 @@ def test_committed_creates_reach_the_controller_while_the_store_is_killed_and_re
         writer.start()
         for _ in range(KILLS):
             before = len(_listing(truth_store))
-            wait_for(lambda: len(_listing(truth_store)) >= before + 300, timeout=30,  # noqa: B023
+            wait_for(lambda: len(_listing(truth_store)) >= before + 100, timeout=60,  # noqa: B023
                      what="writes to go on between kills")
             server.kill()
             server.restart()
-        wait_for(lambda: len(_listing(truth_store)) >= before + 600, timeout=30, what="writes after the last restart")
+        wait_for(lambda: len(_listing(truth_store)) >= before + 200, timeout=60, what="writes after the last restart")
         done.set()
         writer.join(30)
         truth = _listing(truth_store)
