@@ -46,6 +46,8 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 #: The server is gone or slow: drop the channel, the next call connects again.
 UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+#: What etcd says, with UNKNOWN, of a call whose deadline ran out inside the server.
+_EXPIRED = "context deadline exceeded"
 
 
 def status_code(exc: grpc.RpcError) -> grpc.StatusCode | None:
@@ -396,7 +398,10 @@ class EtcdChannel(Generic[S]):
         details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             details = f"no answer within {self.timeout}s"
-        if code is not None and code not in UNAVAILABLE:
+        # etcd answers UNKNOWN "context deadline exceeded" when the call's deadline ran out inside the
+        # server (a loaded or recovering member): as ambiguous as no answer, so a write may have been applied.
+        if code is not None and code not in UNAVAILABLE and not (
+                code == grpc.StatusCode.UNKNOWN and _EXPIRED in details):
             return self._refused(f"etcd at {where} refused the request: {code.name}: {details}")
         with self._lock:
             if stubs is self._stubs:
