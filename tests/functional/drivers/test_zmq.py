@@ -14,7 +14,7 @@ import zmq
 
 from dfpubsub import TransportError
 from tests.conftest import undetected, wait_for
-from tests.functional.zmq_helpers import Sink, joined, make_pub, raw_envelope
+from tests.functional.zmq_helpers import Sink, joined, make_pub, raw_envelope, subscribed
 
 CHILD = Path(__file__).with_name("zmq_child.py")
 
@@ -157,18 +157,18 @@ def test_one_subscriber_many_publishers_added_and_removed_at_run_time():
     for p in pubs:
         sink.sub.connect(p.transport.uri)
     for p in pubs:
-        joined(p)
+        subscribed(p, "t")  # connected after it subscribed: a join alone is not enough
     for i, p in enumerate(pubs):
         p.publish("t", "tbl", f"from{i}", "create", 1)
         p.flush()
     wait_for(lambda: sorted(sink.keys()) == ["from0", "from1", "from2"])
-    joins = [p.stats.get("subscribers_joined") for p in pubs]
+    subscriptions = [p.transport.subscriptions("t") for p in pubs]
     sink.sub.disconnect(pubs[1].transport.uri)
     # After the disconnect has taken effect, p1's traffic no longer arrives. The subscriber's new
     # socket joins the other two again (what they send before it has joined is a gap to it).
     wait_for(lambda: sink.sub.transport.endpoints == {pubs[0].transport.uri, pubs[2].transport.uri})
     for i in (0, 2):
-        wait_for(lambda: pubs[i].stats.get("subscribers_joined") > joins[i], what="the subscriber to join again")
+        subscribed(pubs[i], "t", subscriptions[i] + 1)
     for round_ in range(3):
         for i, p in enumerate(pubs):
             p.publish("t", "tbl", f"r{round_}-{i}", "update", round_ + 2)
