@@ -293,12 +293,14 @@ for uri in uris:
 for t in threads:
     t.start()
 got, cycles, end = 0, 0, time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
+while cycles < 300:
     got += len(sub.recv(0.01))
     sub.disconnect(uris[0])
     got += len(sub.recv(0.0))
     sub.connect(uris[0])
     cycles += 1
+while got <= 1000 and time.monotonic() < end:
+    got += len(sub.recv(0.1))
 stop.set()
 for t in threads:
     t.join()
@@ -311,7 +313,9 @@ def test_dropping_an_endpoint_while_messages_stream_in_keeps_the_subscriber_rece
     # Dropping an endpoint replaces the socket (libzmq 4.3's zmq_disconnect aborted the process
     # in 4 of 8 runs of tests/functional/security/test_curve.py here): hundreds of replacements while two
     # publishers stream must neither crash nor stall it. In a child, so a crash fails only this.
-    child = subprocess.run([sys.executable, "-c", _CHURN, "4"], capture_output=True, text=True, timeout=60)
+    # After 300 replacements (a fixed number: how much arrives while each new socket reconnects
+    # depends on the machine's load) it must go on receiving.
+    child = subprocess.run([sys.executable, "-c", _CHURN, "40"], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr[-2000:]
     got, cycles = map(int, child.stdout.split())
-    assert cycles > 100 and got > 1000, child.stdout
+    assert cycles == 300 and got > 1000, child.stdout
