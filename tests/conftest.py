@@ -1,4 +1,5 @@
-"""Shared test helpers: waiting on conditions (never on bare sleeps) and free ports."""
+"""Shared test helpers: waiting on conditions (never on bare sleeps) and free ports; the --soak
+option."""
 
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ from dfpubsub.store import Store, open_store
 from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer, free_port
 
 __all__ = ["wait_for", "free_port", "stopped", "undetected"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true",
+                     help="run the chaos tests' longer rounds (more tries, rounds and kills; README, Quickstart)")
+
+
+@pytest.fixture(scope="session")
+def soak(request: pytest.FixtureRequest) -> bool:
+    """Whether the run is a soak (``./dev test --soak``): a repeated chaos scenario runs its longer
+    rounds then, and enough of them in a default run to prove its property each time."""
+    return bool(request.config.getoption("soak"))
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:
