@@ -178,6 +178,7 @@ def test_an_envelope_failing_midway_still_queues_what_it_applied_and_resyncs_the
         pub.close()
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_a_blocked_key_does_not_delay_the_others_and_no_key_runs_twice_at_once(env):
     store, api, controller = env
     slow_started = threading.Event()
@@ -218,6 +219,7 @@ def test_a_blocked_key_does_not_delay_the_others_and_no_key_runs_twice_at_once(e
     assert ctrl.queue.stats.histogram("workqueue_work").count >= 21
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_keys_taken_in_one_batch_with_a_blocked_key_are_run_by_the_idle_worker(env):
     store, api, controller = env
     blocking, slow_started = threading.Event(), threading.Event()

@@ -149,6 +149,7 @@ def test_a_row_deleted_behind_the_registrations_back_is_recreated(opened):
 # -- 2. a killed publisher vanishes after the TTL ------------------------------------------
 
 
+@pytest.mark.alone  # renewals and expiries within TTLs of a few seconds
 def test_a_killed_publisher_vanishes_after_the_ttl_and_watchers_see_it(opened, backend):
     url, prefix = backend
     d = opened()
@@ -185,6 +186,7 @@ def test_a_killed_publisher_vanishes_after_the_ttl_and_watchers_see_it(opened, b
 # -- 3. renewing well inside the TTL keeps a live publisher listed (the Dragonflow bug) ----
 
 
+@pytest.mark.alone  # renewals and expiries within TTLs of a few seconds
 def test_a_live_registration_never_vanishes_over_several_ttls(opened):
     pub_side, sub_side = opened(), opened()
     seen = Seen()
