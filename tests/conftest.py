@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,7 +49,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     if not run:
         yield
         return
-    with _turn(Path(tempfile.gettempdir()) / f"dfpubsub-tests-{run}", item.get_closest_marker("alone") is not None):
+    with _turn(_turns_folder(run), item.get_closest_marker("alone") is not None):
         yield
 
 
@@ -65,10 +66,22 @@ def _turn(folder: Path, alone: bool) -> Iterator[None]:
         yield  # both are unlocked as the files close
 
 
-def pytest_sessionfinish() -> None:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run:  # a worker still running makes the files again for itself, alone then
-        shutil.rmtree(Path(tempfile.gettempdir()) / f"dfpubsub-tests-{run}", ignore_errors=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # In the run's main process: name the run, so that it can remove the workers' lock files once
+    # they have all ended (pytest_unconfigure; a worker that ended first could not).
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None) \
+            and not config.getoption("testrunuid", None):
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = None if hasattr(config, "workerinput") else config.getoption("testrunuid", None)
+    if run:
+        shutil.rmtree(_turns_folder(run), ignore_errors=True)
+
+
+def _turns_folder(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"dfpubsub-tests-{run}"
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:
