@@ -89,7 +89,8 @@ def test_sigterm_at_random_moments_exits_0_within_5_s(tmp_path, etcd_server, nam
             killed = False
             try:
                 for d in ds:
-                    wait_for(lambda d=d: http_get(d.port, "/livez", timeout=1)[0] in (200, 503), timeout=30,
+                    # Five start at once: at a load average of 50 on 2 cores, over 30 s.
+                    wait_for(lambda d=d: http_get(d.port, "/livez", timeout=1)[0] in (200, 503), timeout=120,
                              interval=0.02, what=f"{name} to serve its probes")
                 base = time.monotonic()
                 if name in ON_ETCD and (last or rng.random() < 0.2):
