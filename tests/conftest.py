@@ -1,9 +1,16 @@
-"""Shared test helpers: waiting on conditions (never on bare sleeps) and free ports."""
+"""Shared test helpers: waiting on conditions (never on bare sleeps) and free ports; the --soak
+option; turns between pytest-xdist's workers for the tests marked ``alone``."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,6 +19,69 @@ from dfpubsub.store import Store, open_store
 from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer, free_port
 
 __all__ = ["wait_for", "free_port", "stopped", "undetected"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true",
+                     help="run the chaos tests' longer rounds (more tries, rounds and kills; README, Quickstart)")
+
+
+@pytest.fixture(scope="session")
+def soak(request: pytest.FixtureRequest) -> bool:
+    """Whether the run is a soak (``./dev test --soak``): a repeated chaos scenario runs its longer
+    rounds then, and enough of them in a default run to prove its property each time."""
+    return bool(request.config.getoption("soak"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    chaos = Path(__file__).parent / "chaos"
+    for item in items:
+        if item.path.is_relative_to(chaos):
+            item.add_marker("alone")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Under pytest-xdist (``./dev test`` runs two workers), a test marked ``alone`` runs while no
+    other runs, its fixtures' set-up and tear-down included; the others run side by side."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    with _turn(_turns_folder(run), item.get_closest_marker("alone") is not None):
+        yield
+
+
+@contextmanager
+def _turn(folder: Path, alone: bool) -> Iterator[None]:
+    """Readers and a writer on two flock(2) locks, the writer first: once a test that must run
+    alone waits at the gate, no other starts, and it starts when those running have ended."""
+    folder.mkdir(exist_ok=True)
+    with open(folder / "gate", "a") as gate, open(folder / "running", "a") as running:
+        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # both are unlocked as the files close
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # In the run's main process: name the run, so that it can remove the workers' lock files once
+    # they have all ended (pytest_unconfigure; a worker that ended first could not).
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None) \
+            and not config.getoption("testrunuid", None):
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = None if hasattr(config, "workerinput") else config.getoption("testrunuid", None)
+    if run:
+        shutil.rmtree(_turns_folder(run), ignore_errors=True)
+
+
+def _turns_folder(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"dfpubsub-tests-{run}"
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> None:

@@ -22,6 +22,7 @@ from redis.exceptions import (
     NoScriptError,
     ReadOnlyError,
     RedisError,
+    ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -115,10 +116,18 @@ class Scripts:
         """The calling thread's connection, checked as the pool checks one it hands out: one that
         the server closed (it restarted) or that holds a reply nobody read (a call broken off
         between its command and its reply) is opened afresh, before anything is sent on it."""
+        return self._lane().conn
+
+    def _lane(self) -> _Lane:
         lane: _Lane | None = getattr(self._local, "lane", None)
         if lane is None:
             lane = self._local.lane = _Lane(self._pool)
         conn = lane.conn
+        if lane.owed:
+            # Its last call was broken off before its reply was read: the reply may still be on
+            # its way (a busy server), where can_read() below cannot see it yet.
+            conn.disconnect()
+            lane.owed = False
         conn.connect()  # nothing to do while connected; a server that is gone raises here
         try:
             fresh = not conn.can_read()
@@ -127,7 +136,7 @@ class Scripts:
         if not fresh:
             conn.disconnect()
             conn.connect()
-        return conn
+        return lane
 
 
 class Script:
@@ -141,29 +150,37 @@ class Script:
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        conn = self._scripts.connection()
+        lane = self._scripts._lane()
         try:
-            return _ask(conn, "EVALSHA", self.sha, len(keys), *keys, *args)
+            return lane.ask("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
             # Not run: the server restarted or flushed its scripts. Load it, run it once more.
-            _ask(conn, "SCRIPT", "LOAD", self.text)
-            return _ask(conn, "EVALSHA", self.sha, len(keys), *keys, *args)
-
-
-def _ask(conn: AbstractConnection, *command: Any) -> Any:
-    conn.send_command(*command)
-    return conn.read_response()
+            lane.ask("SCRIPT", "LOAD", self.text)
+            return lane.ask("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class _Lane:
     """A connection of ``pool`` that one thread keeps, and gives back when it ends (its
     ``threading.local`` is dropped then)."""
 
-    __slots__ = ("pool", "conn")
+    __slots__ = ("pool", "conn", "owed")
 
     def __init__(self, pool: ConnectionPool):
         self.pool = pool
         self.conn = pool.get_connection()
+        #: A command was sent whose reply was not read (the call was broken off in between).
+        self.owed = False
+
+    def ask(self, *command: Any) -> Any:
+        self.owed = True
+        self.conn.send_command(*command)
+        try:
+            reply = self.conn.read_response()
+        except ResponseError:  # the server's own answer, read whole
+            self.owed = False
+            raise
+        self.owed = False
+        return reply
 
     def __del__(self) -> None:
         try:

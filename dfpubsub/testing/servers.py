@@ -28,12 +28,21 @@ __all__ = ["ServerProcess", "EtcdServer", "RedisServer", "NatsServer", "TestCert
 
 
 def _private_ports() -> range:
-    """Ports below the kernel's ephemeral range, which it never gives to an outgoing connection."""
+    """Ports below the kernel's ephemeral range, which it never gives to an outgoing connection;
+    in a pytest-xdist worker (and the processes it starts), the worker's own share of them."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return range(0)
-    return range(10000, low) if low > 11000 else range(0)
+    if low <= 11000:
+        return range(0)
+    ports = range(10000, low)
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(workers) > 1:
+        # Two workers taking turns through one range meet where their turns cross: a port one
+        # handed out, free until its server binds it, could be handed out by the other.
+        return ports[int(worker[2:]) :: int(workers)]
+    return ports
 
 
 _PORTS = _private_ports()

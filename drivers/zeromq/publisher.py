@@ -108,6 +108,12 @@ class ZmqPublisher(PublisherTransport):
         joined, self._joined = self._joined, 0
         return joined
 
+    def subscriptions(self, topic: str) -> int:
+        """How many subscriptions to ``topic`` this publisher has taken (one per subscriber and
+        connection). A subscriber counted in ``new_subscribers()`` may not have subscribed to its
+        topics yet (subscriptions.py): this tells when one has."""
+        return self._subscriptions.taken.get(topic_frame(topic), 0)
+
     def _take_subscriptions(self) -> None:
         """Apply the (un)subscriptions waiting on the socket; count the subscribers that joined."""
         take, read = self._subscriptions.take, self._peers.read

@@ -15,7 +15,11 @@ this code first, and only those it applies cost memory:
   is taken only after the publisher has sent on it. Its subscribers still
   converge: the publisher's hellos show them the gap and they resync.
 
-Everything refused is counted in ``drops`` with the reason.
+Everything refused is counted in ``drops`` with the reason. Those taken are counted per topic
+(``taken``): a subscriber's join (its control subscription) is no sign that its topics' are in
+place, as libzmq sends a subscriber's subscriptions in byte order when it connects after
+subscribing (at run time, through discovery, or again after a reconnect), and ``$ctl`` sorts
+before every topic.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ class Subscriptions:
         #: Topic frames sent on: always taken (the publisher's ``send`` adds to it).
         self.published: set[bytes] = set()
         self._taken: set[bytes] = set()
+        #: Subscriptions taken, by topic frame (one per subscriber and connection; unsubscriptions
+        #: do not count down). Bounded like the topics taken.
+        self.taken: dict[bytes, int] = {}
 
     def take(self, msg: bytes) -> bool:
         """Apply one message read from the XPUB; True if it is a subscription to the control
@@ -58,6 +65,7 @@ class Subscriptions:
                 return False
             self._taken.add(frame)
         self.sock.setsockopt(zmq.SUBSCRIBE, frame)
+        self.taken[frame] = self.taken.get(frame, 0) + 1
         return frame == _CONTROL
 
 

@@ -1,6 +1,8 @@
 """The Redis backends' Lua scripts, run on a connection each thread keeps (dfpubsub.backends.redis.Scripts),
 against a redis-server of each test's own."""
 
+import os
+import signal
 import threading
 
 import pytest
@@ -98,6 +100,37 @@ def test_a_call_broken_off_before_its_reply_leaves_no_reply_to_the_next(redis_se
     monkeypatch.undo()
     assert echo(args=["c"]) == b"c"
     r.close()
+
+
+def test_a_call_broken_off_before_its_reply_came_leaves_no_reply_to_the_next(redis_server, monkeypatch):
+    """As above, with the reply still on its way when the next call looks at the connection (a
+    busy server; a loaded machine made the test above fail so): nothing there to see yet."""
+    r = open_client(redis_server.url, 5.0, "test")
+    scripts = Scripts(r)
+    echo = scripts.register("return ARGV[1]")
+    assert echo(args=["a"]) == b"a"
+    conn = scripts.connection()
+    read = conn.read_response
+    pid = redis_server.proc.pid
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def resuming(*args, **kwargs):  # the call has looked at its connection: the server may answer now
+        os.kill(pid, signal.SIGCONT)
+        return read(*args, **kwargs)
+
+    os.kill(pid, signal.SIGSTOP)  # no reply comes until the next call has looked
+    try:
+        monkeypatch.setattr(conn, "read_response", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            echo(args=["b"])
+        monkeypatch.setattr(conn, "read_response", resuming)
+        assert echo(args=["c"]) == b"c"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        monkeypatch.undo()
+        r.close()
 
 
 def test_a_connection_the_server_closed_is_opened_again_before_the_next_call(redis_server):

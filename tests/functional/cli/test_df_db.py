@@ -17,6 +17,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.testing import LossyTransport, drop_nth
 from tests.conftest import free_port, wait_for
 from tests.functional.df_db_helpers import EXE, base_env, df_db, ok, refused
+from tests.functional.zmq_helpers import subscribed
 
 _prefix = itertools.count()
 
@@ -195,7 +196,7 @@ def test_watch_marks_gaps_as_they_are_seen(tmp_path):
                              text=True)
     lines = _read_lines(watch)
     try:
-        wait_for(lambda: pub.stats.get("subscribers_joined") >= 1, timeout=30, what="df-db watch to subscribe")
+        subscribed(pub, "port", timeout=30)
         for n in range(1, 5):  # the second is lost on the way
             pub.publish("port", "port", f"p{n}", "create", n, {"n": n})
         wait_for(lambda: any(json.loads(line)["type"] == "gap" for line in list(lines)), timeout=30,
@@ -248,8 +249,9 @@ def test_watch_discovers_publishers_and_prints_a_table(tmp_path):
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
             try:
-                wait_for(lambda: pub.stats.get("subscribers_joined") >= 1, timeout=30,
-                         what="df-db watch to connect through discovery")
+                # The watch subscribed before discovery connected it: its join comes before its
+                # subscription to 'port' (zmq_helpers.subscribed).
+                subscribed(pub, "port", timeout=30)
                 pub.publish("port", "port", "found-it", "create", 7, {"via": "discovery"})
                 out, err = watch.communicate(timeout=60)
             finally:

@@ -15,6 +15,7 @@ from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import TABLES, Mirror, Seen
 from tests.functional.df_db_helpers import base_env, df_db
+from tests.functional.zmq_helpers import subscribed
 
 
 @pytest.fixture
@@ -33,7 +34,8 @@ def env(tmp_path):
         ctrl.start()
         made.append(ctrl)
         assert ctrl.synced.wait(10)
-        wait_for(lambda: pub.stats.get("subscribers_joined") >= len(made), what="the controller to subscribe")
+        for table in TABLES:
+            subscribed(pub, table, len(made))
         return ctrl
 
     yield store, NbApi(store, pub), controller
@@ -139,13 +141,14 @@ def test_an_envelope_failing_midway_still_queues_what_it_applied_and_resyncs_the
     store, api, controller = env
     seen = Seen()
     ctrl = controller(reconcilers={"port": seen})
-    # Its own publisher, lingering long enough for the last events of a burst to share an envelope.
+    # Its own publisher, whose burst below is one envelope: it lingers, pauses and says hello
+    # (which flushes) only long after the burst, which the test's flush() sends.
     stats = Stats("p2", "p2")
     pub = Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "api2",
-                    PublisherOptions(batch_linger=0.5, max_idle_time=0.3), stats)
+                    PublisherOptions(batch_linger=5.0, batch_pause=5.0, max_idle_time=5.0), stats)
     try:
         ctrl.connect(pub.transport.uri)
-        wait_for(lambda: stats.get("subscribers_joined") >= 1, what="the controller to subscribe")
+        subscribed(pub, "port")
         apply, handle, envelopes, failed = ctrl.cache.apply, ctrl.subscriber.on_events, [], []
 
         def failing_once_on_the_last(event):
@@ -160,8 +163,11 @@ def test_an_envelope_failing_midway_still_queues_what_it_applied_and_resyncs_the
 
         ctrl.cache.apply, ctrl.subscriber.on_events = failing_once_on_the_last, recording
         written = [store.create("port", f"p{i}", {"rev": 0}) for i in range(40)]
-        for obj in written:  # a burst: the publisher batches from its 30th event on
+        with pub._lock:  # as if the last rate window had been busy: the burst is batched, however
+            pub._busy, pub._window_end = True, float("inf")  # slowly a loaded machine publishes it
+        for obj in written:
             pub.publish(obj.topic, obj.table, obj.key, "create", obj.version, obj.value)
+        pub.flush()
         # The keys before p39 in its envelope were in the cache when it failed, so the resync finds
         # nothing to change for them: they reach the reconciler only if they were queued anyway.
         wait_for(lambda: all(seen.objects.get(o.key) == o for o in written), what="every key to be reconciled")
@@ -172,6 +178,7 @@ def test_an_envelope_failing_midway_still_queues_what_it_applied_and_resyncs_the
         pub.close()
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_a_blocked_key_does_not_delay_the_others_and_no_key_runs_twice_at_once(env):
     store, api, controller = env
     slow_started = threading.Event()
@@ -212,6 +219,7 @@ def test_a_blocked_key_does_not_delay_the_others_and_no_key_runs_twice_at_once(e
     assert ctrl.queue.stats.histogram("workqueue_work").count >= 21
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_keys_taken_in_one_batch_with_a_blocked_key_are_run_by_the_idle_worker(env):
     store, api, controller = env
     blocking, slow_started = threading.Event(), threading.Event()

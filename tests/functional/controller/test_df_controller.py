@@ -12,6 +12,7 @@ import threading
 from dfpubsub import AsyncNbApi, NbApi, Publisher, PublisherOptions, load_driver, open_store
 from dfpubsub.metrics import Stats
 from tests.conftest import free_port, wait_for
+from tests.functional.zmq_helpers import subscribed
 
 
 def test_df_controller_logs_changes_and_stops_on_sigterm(tmp_path):
@@ -111,7 +112,7 @@ def test_df_controller_finds_publishers_through_discovery(tmp_path):
         wait_for(lambda: any(json.loads(line)["msg"] == "controller starting" for line in list(lines)),
                  what="df-controller to start")
         announcer = PublisherAnnouncer(discovery, pub, topics=["port"])
-        wait_for(lambda: pub.stats.get("subscribers_joined") >= 1, what="df-controller to connect via discovery")
+        subscribed(pub, "port")  # connected after it subscribed: a join alone is not enough
         NbApi(store, pub).create("port", "found", {"via": "discovery"})
         wait_for(lambda: any(json.loads(line).get("key") == "found" for line in list(lines)),
                  what="the event from the discovered publisher")

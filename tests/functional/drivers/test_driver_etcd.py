@@ -374,6 +374,7 @@ def test_light_traffic_is_batched_while_envelopes_wait_unwritten_behind_a_stalle
     sink.sub.close()
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_close_wakes_a_blocked_recv_and_later_calls_are_refused(shared_etcd):
     drv = driver(shared_etcd)
     sub = drv.subscriber(Stats("subscriber", "s"))
@@ -404,6 +405,7 @@ def test_close_wakes_a_blocked_recv_and_later_calls_are_refused(shared_etcd):
         pub.send("a", b"x")
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_transport_is_unavailable_not_hung_without_a_server():
     drv = EtcdWatchDriver(f"etcd://127.0.0.1:{free_port()}", {"timeout": 1.0})
     pstats = Stats("publisher", "p")

@@ -331,6 +331,7 @@ def test_envelopes_due_together_go_in_one_round_trip_and_an_error_reply_loses_on
     raw.close()
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_close_wakes_a_blocked_recv_and_later_calls_raise(shared_redis):
     t, _ = raw_transport(shared_redis, new_prefix(), block_ms=1000)
     t.subscribe("a")

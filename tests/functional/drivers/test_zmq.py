@@ -14,7 +14,7 @@ import zmq
 
 from dfpubsub import TransportError
 from tests.conftest import undetected, wait_for
-from tests.functional.zmq_helpers import Sink, joined, make_pub, raw_envelope
+from tests.functional.zmq_helpers import Sink, joined, make_pub, raw_envelope, subscribed
 
 CHILD = Path(__file__).with_name("zmq_child.py")
 
@@ -157,18 +157,18 @@ def test_one_subscriber_many_publishers_added_and_removed_at_run_time():
     for p in pubs:
         sink.sub.connect(p.transport.uri)
     for p in pubs:
-        joined(p)
+        subscribed(p, "t")  # connected after it subscribed: a join alone is not enough
     for i, p in enumerate(pubs):
         p.publish("t", "tbl", f"from{i}", "create", 1)
         p.flush()
     wait_for(lambda: sorted(sink.keys()) == ["from0", "from1", "from2"])
-    joins = [p.stats.get("subscribers_joined") for p in pubs]
+    subscriptions = [p.transport.subscriptions("t") for p in pubs]
     sink.sub.disconnect(pubs[1].transport.uri)
     # After the disconnect has taken effect, p1's traffic no longer arrives. The subscriber's new
     # socket joins the other two again (what they send before it has joined is a gap to it).
     wait_for(lambda: sink.sub.transport.endpoints == {pubs[0].transport.uri, pubs[2].transport.uri})
     for i in (0, 2):
-        wait_for(lambda: pubs[i].stats.get("subscribers_joined") > joins[i], what="the subscriber to join again")
+        subscribed(pubs[i], "t", subscriptions[i] + 1)
     for round_ in range(3):
         for i, p in enumerate(pubs):
             p.publish("t", "tbl", f"r{round_}-{i}", "update", round_ + 2)
@@ -293,12 +293,14 @@ for uri in uris:
 for t in threads:
     t.start()
 got, cycles, end = 0, 0, time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
+while cycles < 300:
     got += len(sub.recv(0.01))
     sub.disconnect(uris[0])
     got += len(sub.recv(0.0))
     sub.connect(uris[0])
     cycles += 1
+while got <= 1000 and time.monotonic() < end:
+    got += len(sub.recv(0.1))
 stop.set()
 for t in threads:
     t.join()
@@ -311,7 +313,9 @@ def test_dropping_an_endpoint_while_messages_stream_in_keeps_the_subscriber_rece
     # Dropping an endpoint replaces the socket (libzmq 4.3's zmq_disconnect aborted the process
     # in 4 of 8 runs of tests/functional/security/test_curve.py here): hundreds of replacements while two
     # publishers stream must neither crash nor stall it. In a child, so a crash fails only this.
-    child = subprocess.run([sys.executable, "-c", _CHURN, "4"], capture_output=True, text=True, timeout=60)
+    # After 300 replacements (a fixed number: how much arrives while each new socket reconnects
+    # depends on the machine's load) it must go on receiving.
+    child = subprocess.run([sys.executable, "-c", _CHURN, "40"], capture_output=True, text=True, timeout=60)
     assert child.returncode == 0, child.stderr[-2000:]
     got, cycles = map(int, child.stdout.split())
-    assert cycles > 100 and got > 1000, child.stdout
+    assert cycles == 300 and got > 1000, child.stdout

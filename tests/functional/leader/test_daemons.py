@@ -23,6 +23,8 @@ pytest.importorskip("pyarrow")
 
 from tests.functional.pipeline.archiver_helpers import DaemonProcess, journaled, published_rows  # noqa: E402
 
+pytestmark = pytest.mark.alone  # leases and takeovers within bounds of time
+
 LEASE = ["--leader.enabled", "true", "--leader.lease-duration", "3", "--leader.renew-deadline", "1.8",
          "--leader.retry-period", "0.3", "--leader.clock-skew", "1"]
 TAKEOVER = 3.0 + 0.4 + 4.0  # the lease, a jittered retry, a loaded machine's wake-ups

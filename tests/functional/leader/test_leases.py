@@ -15,6 +15,8 @@ from dfpubsub.errors import ConfigError, ForeignRecord, NotLeader
 from dfpubsub.leader import LeaderElector, open_lease
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.alone  # leases and takeovers within bounds of time
+
 
 @pytest.fixture(params=["sqlite", "redis", "etcd"])
 def url(request, tmp_path):

@@ -2,6 +2,7 @@
 
 import time
 
+import pytest
 from dfpubsub.tools.webhook import HungWebhook, WebhookReceiver
 
 from dfpubsub.notify import NotificationRegistry
@@ -14,6 +15,8 @@ from tests.functional.notify_helpers import (
     make_topic,
     wait_drained,
 )
+
+pytestmark = pytest.mark.alone  # bounds on elapsed time
 
 
 def test_hung_endpoints_do_not_delay_a_healthy_topic(tmp_path):

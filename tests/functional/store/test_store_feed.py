@@ -77,6 +77,7 @@ def test_every_committed_write_is_one_entry_in_order(opener):
     assert store.feed_skipped == 0
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_a_follower_wakes_when_another_handle_writes(opener):
     reader_store, writer = opener(), opener()
     reader = reader_store.follow_feed(reader_store.feed_head())

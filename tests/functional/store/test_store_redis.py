@@ -21,6 +21,7 @@ def raw(redis_server):
     client.close()
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_killed_server_is_unavailable_then_the_same_store_recovers(redis_server):
     store = RedisStore(redis_server.url, TABLES, prefix="kill", timeout=2.0)
     before = [store.create("port", f"p{i}", {"i": i}) for i in range(5)]
@@ -38,6 +39,7 @@ def test_killed_server_is_unavailable_then_the_same_store_recovers(redis_server)
     store.close()
 
 
+@pytest.mark.alone  # a bound on elapsed time
 def test_a_server_that_does_not_answer_times_out_as_unavailable(redis_server, raw):
     store = RedisStore(redis_server.url, TABLES, prefix="slow", timeout=0.3)
     store.create("port", "p", 1)
