@@ -34,7 +34,8 @@ from dfpubsub.store import open_store
 from dfpubsub.testing.servers import RedisServer
 from tests.conftest import wait_for
 
-#: Kills per run: with the old df-feed, ``feed`` mode lost a write at nearly every one.
+#: Kills per run (four times as many under ``--soak``): with the old df-feed, ``feed`` mode lost a
+#: write at nearly every one.
 KILLS = 5
 _bus = itertools.count()
 
@@ -67,7 +68,7 @@ def durable_redis(tmp_path):
 @pytest.mark.parametrize("publish", ["both", "feed"])
 @pytest.mark.parametrize("backend", ["etcd", "durable_redis"])
 def test_committed_creates_reach_the_controller_while_the_store_is_killed_and_restarted(
-        backend, publish, request, tmp_path):
+        backend, publish, request, tmp_path, soak):
     server = request.getfixturevalue("etcd_server" if backend == "etcd" else backend)
     writer_store, feed_store, ctrl_store, truth_store = (open_store(server.url, ["port"]) for _ in range(4))
     bus = f"memory://feed-restarts-{next(_bus)}"
@@ -103,7 +104,7 @@ def test_committed_creates_reach_the_controller_while_the_store_is_killed_and_re
         ctrl.start()
         assert ctrl.subscriber.wait_synced(30)
         writer.start()
-        for _ in range(KILLS):
+        for _ in range(KILLS * (4 if soak else 1)):
             before = len(_listing(truth_store))
             wait_for(lambda: len(_listing(truth_store)) >= before + 100, timeout=60,  # noqa: B023
                      what="writes to go on between kills")
