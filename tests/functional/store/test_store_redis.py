@@ -81,8 +81,9 @@ def test_drop_all_keeps_the_version_counter_and_only_its_prefix(redis_server, ra
     kept = other.create("port", "kept", 1)
     assert store.drop_all() == 1501  # every object under the prefix, declared tables or not
     assert store.list() == [] and wide.list() == []
-    # The counter stays (versions never go back) and so does the change feed's history.
-    assert sorted(raw.keys("a\\*b:nb:*")) == [b"a*b:nb:feed", b"a*b:nb:rev"]
+    # The counter stays (versions never go back) and so does the change feed's history, with the
+    # server's replication id its first connection noted (dfpubsub.backends.redis.TAKEOVER).
+    assert sorted(raw.keys("a\\*b:nb:*")) == [b"a*b:nb:epoch", b"a*b:nb:feed", b"a*b:nb:rev"]
     assert store.create("port", "k0", "back").version > last  # versions never go back
     assert other.get("port", "kept") == kept
     for s in (wide, store, other):
