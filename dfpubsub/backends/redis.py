@@ -70,7 +70,27 @@ _SENTINEL_RETRIES = 8
 class _MasterConnection(SentinelManagedConnection):
     """A connection to the master Sentinel names that keeps ``READONLY`` what it is (redis-py's
     turns it into a ConnectionError, which a writer must take for a write that may have been
-    made): dropped all the same, so that the next call asks the sentinels again."""
+    made): dropped all the same, so that the next call asks the sentinels again.
+
+    It also asks the sentinels however it is connected: redis-py's connects through the
+    sentinels only in ``connect()``, while a command sent on a connection that is not connected
+    (``send_packed_command``, as the Streams driver's transports do) connects to the host and
+    port it was made with: ``localhost:6379``, whatever that server is."""
+
+    _addressed = False  # connect_to() is connecting to the address the sentinels gave
+
+    def connect_to(self, address: Any) -> None:
+        self._addressed = True
+        try:
+            super().connect_to(address)
+        finally:
+            self._addressed = False
+
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        if self._sock is None and not self._addressed:
+            self.connect()  # through the sentinels, then back here with their address
+            return
+        super().connect_check_health(*args, **kwargs)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:

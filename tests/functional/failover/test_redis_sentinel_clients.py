@@ -32,10 +32,12 @@ def test_the_streams_driver_follows_a_failover_and_every_loss_is_detected(sentin
     with publishing_forever(pub):
         wait_for(lambda: len(live.keys()) >= 2000, timeout=20, what="traffic before the failover")
         old = sentinel_cluster.master()
+        assert redis.Redis(port=old.port).xlen(f"{prefix}:ps:a") > 0  # on the master the sentinels name
         old.kill()
-        sentinel_cluster.wait_master_change(old)
+        new = sentinel_cluster.wait_master_change(old)
         mark = len(live.keys())
         wait_for(lambda: len(live.keys()) >= mark + 2000, timeout=30, what="traffic through the new master")
+        assert redis.Redis(port=new.port).xlen(f"{prefix}:ps:a") > 0
     pub.close()
     sent = pub.sequences()
     wait_for(lambda: live.undetected_losses(pub.id, sent) == {t: [] for t in sent}, timeout=30, interval=0.2,
