@@ -299,7 +299,25 @@ class SentinelServer(ServerProcess):
         return RedisServer.ready(self)  # type: ignore[arg-type]  # the same PING
 
 
-class RedisSentinelCluster:
+class _Cluster:
+    """Servers started together: ``start()`` starts them all, and kills those it started if one fails."""
+
+    def start(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+
+class RedisSentinelCluster(_Cluster):
     """A Redis master with two replicas and three sentinels, all on loopback ports in ``workdir``:
     ``url`` is the ``redis+sentinel://`` URL of the master, ``direct_url`` the master's own.
 
@@ -309,18 +327,21 @@ class RedisSentinelCluster:
     """
 
     def __init__(self, workdir: Path, service: str = "mymaster", down_after: int = 1000,
-                 args: tuple[str, ...] = ()):
+                 args: tuple[str, ...] = (), host: str = "127.0.0.1", master: RedisServer | None = None):
         self.service = service
         self.down_after = down_after
         # A replica's first sync waits 5 s by default for more replicas to share a diskless transfer.
         args = ("--repl-diskless-sync-delay", "0", *args)
-        self.redis = [RedisServer(workdir / "redis-0", args=args)]
-        master = (self.redis[0].host, self.redis[0].port)
-        self.redis += [RedisServer(workdir / f"redis-{i}", args=(*args, "--replicaof", *map(str, master)))
+        # ``master``: one the caller made (on an address of its own, to cut it off); its args are its own.
+        self.redis = [master or RedisServer(workdir / "redis-0", args=args, host=host)]
+        where = (self.redis[0].host, self.redis[0].port)
+        self.redis += [RedisServer(workdir / f"redis-{i}", args=(*args, "--replicaof", *map(str, where)), host=host)
                        for i in (1, 2)]
-        self.sentinels = [SentinelServer(workdir / f"sentinel-{i}", master, service, down_after) for i in range(3)]
+        self.sentinels = [SentinelServer(workdir / f"sentinel-{i}", where, service, down_after, host)
+                          for i in range(3)]
 
-    def start(self) -> Self:
+    def _start(self) -> None:
+        """Start every server and wait until a failover could happen."""
         for server in (*self.redis, *self.sentinels):
             server.start()
         Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(30),
@@ -330,7 +351,6 @@ class RedisSentinelCluster:
         Retrying(retry=retry_if_result(lambda n: n < 2), wait=wait_fixed(0.05), stop=stop_after_delay(30),
                  retry_error_callback=lambda _: _not_ready("sentinels do not know the replicas and each other"))(
             self._known)
-        return self
 
     @property
     def url(self) -> str:
@@ -378,6 +398,12 @@ class RedisSentinelCluster:
         if found is None:
             raise RuntimeError(f"no failover from {old.port} within {timeout}s")
         return found
+
+    def wait_replica(self, server: RedisServer, timeout: float = 30.0) -> None:
+        """Wait until ``server`` (restarted after it was master) is a replica in sync again."""
+        Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(timeout),
+                 retry_error_callback=lambda _: _not_ready(f"redis {server.port} did not rejoin as a replica"))(
+            lambda: b"role:slave" in (info := _info(server)) and b"master_link_status:up" in info)
 
     def kill(self) -> None:
         for server in (*self.sentinels, *self.redis):
@@ -513,7 +539,7 @@ class NatsServer(ServerProcess):
             return {}
 
 
-class NatsCluster:
+class NatsCluster(_Cluster):
     """Three nats-servers with JetStream routed into one cluster on loopback ports in ``workdir``:
     ``url`` names all three. Each is a :class:`NatsServer`, free to kill and restart."""
 
@@ -525,7 +551,8 @@ class NatsCluster:
             self.servers.append(NatsServer(workdir / f"nats-{i}", args=(
                 "--cluster", f"nats://127.0.0.1:{routes[i]}", "--cluster_name", name, "--routes", peers)))
 
-    def start(self) -> Self:
+    def _start(self) -> None:
+        """Start the servers and wait until each is ready."""
         # Each waits for a JetStream meta leader, which needs a majority: start them all, then wait.
         for server in self.servers:
             log = open(server.workdir / "nats-server.log", "ab")
@@ -535,7 +562,6 @@ class NatsCluster:
             Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(60),
                      retry_error_callback=lambda _: _not_ready("the NATS cluster has no JetStream meta leader"))(
                 server._up)
-        return self
 
     @property
     def url(self) -> str:

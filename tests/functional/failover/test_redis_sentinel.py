@@ -51,8 +51,8 @@ def test_a_killed_master_is_followed_and_what_it_lost_is_detected(sentinel_clust
     try:
         wait_for(lambda: len(writer.acked) >= 300 and follower.read_up_to >= 200, timeout=30, what="writes flowing")
         old = sentinel_cluster.master()
-        killed_at = time.monotonic()
         old.kill()  # kill -9, mid-stream: what the replicas had not received is gone
+        killed_at = time.monotonic()  # once the process is gone: a write returning later went to another
         new = sentinel_cluster.wait_master_change(old)
         wait_for(lambda: writer.first_ack_after(killed_at) is not None, timeout=30, what="a write after the kill")
         assert writer.first_ack_after(killed_at) <= FAILOVER_BUDGET
