@@ -1,4 +1,4 @@
-"""The Redis Streams driver, the Redis endpoint, df-db and df-config through Sentinel
+"""The Redis Streams driver, the Redis endpoint, discovery, df-db and df-config through Sentinel
 (``redis+sentinel://``), on a master with two replicas and three sentinels of the test's own:
 the driver's transports and the endpoint reconnect to the master the sentinels promote, and what
 the failover lost is delivered or detected."""
@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import redis
 
+from dfpubsub.discovery import PublisherRecord, open_discovery
 from dfpubsub.endpoints import open_endpoint
 from dfpubsub.errors import EndpointError
 from dfpubsub.notify.notification import make_notification
@@ -81,3 +82,21 @@ def test_df_db_and_df_config_take_a_sentinel_url(sentinel_cluster):
                                 "DFPUBSUB_NOTIFY__URL": "redis+sentinel://127.0.0.1:1/m/x"},
                            capture_output=True, text=True, timeout=60)
     assert check.returncode != 0 and check.stderr.count("\n") == 1 and "notify.url" in check.stderr
+
+
+def test_discovery_rows_come_back_on_the_new_master(sentinel_cluster):
+    publisher_side = open_discovery(sentinel_cluster.url, ttl=3.0, renew_interval=0.5, prefix="disc")
+    subscriber_side = open_discovery(sentinel_cluster.url, ttl=3.0, renew_interval=0.5, prefix="disc")
+    try:
+        publisher_side.register(PublisherRecord("pub1", "neutron-1", ["tcp://10.0.0.1:8866"], "host-1", 4242,
+                                                1_700_000_000.5, ["port"]))
+        assert [r.publisher_id for r in subscriber_side.list()] == ["pub1"]
+        old = sentinel_cluster.master()
+        old.kill()
+        sentinel_cluster.wait_master_change(old)
+        # Whether or not the row reached a replica, the renewals write it on the new master.
+        wait_for(lambda: [r.publisher_id for r in subscriber_side.list()] == ["pub1"], timeout=30,
+                 what="the row on the new master")
+    finally:
+        publisher_side.close()
+        subscriber_side.close()

@@ -7,7 +7,8 @@ import time
 import pytest
 import redis
 
-from dfpubsub.errors import StoreUnavailable
+from dfpubsub.backends import access
+from dfpubsub.errors import NotEnoughReplicas, StoreUnavailable, WriteOutcomeUnknown
 from dfpubsub.store.redis import RedisStore
 
 TABLES = ["port", "network"]
@@ -136,4 +137,28 @@ def test_threads_share_one_store(redis_server):
         t.join(60)
     versions = [o.version for o in store.list("port")]
     assert len(versions) == 200 and len(set(versions)) == 200
+    store.close()
+
+
+def test_a_write_refused_for_want_of_replicas_is_not_made_and_says_so(redis_server, raw):
+    store = RedisStore(redis_server.url, TABLES, prefix="norepl")
+    store.create("port", "a", 1)
+    raw.config_set("min-replicas-to-write", 1)  # and no replica: NOREPLICAS
+    try:
+        with pytest.raises(NotEnoughReplicas, match="NOREPLICAS"):
+            store.update("port", "a", 2)
+    finally:
+        raw.config_set("min-replicas-to-write", 0)
+    assert store.get("port", "a").value == 1  # refused, not made: unlike WriteOutcomeUnknown
+    store.close()
+
+
+def test_a_write_no_replica_acknowledged_in_time_is_outcome_unknown(redis_server, redis_settings):
+    access.configure(redis=access.RedisAccess(wait_replicas=1, wait_timeout=0.2))
+    store = RedisStore(redis_server.url, TABLES, prefix="wait")
+    started = time.monotonic()
+    with pytest.raises(WriteOutcomeUnknown, match="0 of 1 replicas"):
+        store.create("port", "a", 1)
+    assert time.monotonic() - started >= 0.2
+    assert store.get("port", "a").value == 1  # made on the master, which a failover could still lose
     store.close()
