@@ -37,7 +37,7 @@ from typing import Any
 
 from redis.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["ReplicasBehind", "Script", "Scripts", "refused"]
@@ -54,8 +54,9 @@ class ReplicasBehind(RedisError):
 def refused(exc: BaseException) -> bool:
     """Whether ``exc`` is a server's refusal to write that changed nothing: ``READONLY`` (a
     replica), ``NOREPLICAS`` (``min-replicas-to-write`` unmet), ``MASTERDOWN``."""
-    return isinstance(exc, ReadOnlyError) or (
-        isinstance(exc, ResponseError) and str(exc).startswith(("NOREPLICAS", "MASTERDOWN")))
+    # redis-py makes READONLY and MASTERDOWN errors of their own, without the code in the message.
+    return isinstance(exc, (ReadOnlyError, MasterDownError)) or (
+        isinstance(exc, ResponseError) and str(exc).startswith("NOREPLICAS"))
 
 
 class Scripts:

@@ -63,3 +63,15 @@ def test_redis_settings_carry_the_sentinel_password_file_and_wait_replicas(tmp_p
         load_settings(overrides={"redis": {"wait_replicas": -1}})
     with pytest.raises(ConfigError, match="sentinel_password_file"):
         load_settings(overrides={"redis": {"sentinel_password_file": str(tmp_path / "missing")}})
+
+
+def test_refusals_that_wrote_nothing_are_told_from_other_errors():
+    redis_exceptions = pytest.importorskip("redis.exceptions")
+    from dfpubsub.backends.redis_scripts import refused
+
+    parse = redis_exceptions  # the classes redis-py's parser makes of each error reply
+    assert refused(parse.ReadOnlyError("You can't write against a read only replica."))
+    assert refused(parse.MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'."))
+    assert refused(parse.ResponseError("NOREPLICAS Not enough good replicas to write."))
+    assert not refused(parse.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+    assert not refused(parse.ConnectionError("Connection closed by server."))
