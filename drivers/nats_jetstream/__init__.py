@@ -78,7 +78,7 @@ class NatsOptions(BaseModel):
     duplicate_window: float = Field(120.0, gt=0, description="Seconds the stream remembers message ids to drop retries.")
     num_replicas: int = Field(
         0, ge=0, le=5, description="Servers that hold a new stream (R1, R3, R5); 0: 3 when the cluster has at least "
-        "3 servers (as the URL or the server's cluster gossip tells), else 1.")
+        "3 servers (those the URL names, or the cluster tells the client of), else 1.")
     timeout: float = Field(5.0, gt=0, description="Connect timeout and longest a publish retries, seconds.")
     ack_timeout: float = Field(1.0, gt=0, description="Wait for one publish acknowledgement before sending again, seconds.")
     max_inflight: int = Field(256, ge=1, description="Envelopes a publisher has sent and awaits acknowledgements of, at most.")

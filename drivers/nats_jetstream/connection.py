@@ -180,9 +180,9 @@ class Connection:
 
 def cluster_size(nc: Client, servers: list[str]) -> int:
     """How many servers the cluster has, as far as the client knows: those the URL names, or those
-    the server it reached gossips (``connect_urls``), whichever is more."""
-    gossiped = (getattr(nc, "_server_info", None) or {}).get("connect_urls") or []
-    return max(len(servers), len(set(gossiped)))
+    in the client's pool (the URL's and those the cluster told it of), whichever is more."""
+    pool = {(uri.hostname, uri.port) for uri in nc.servers}
+    return max(len(servers), len(pool))
 
 
 async def ensure_stream(js: JetStreamContext, name: str, subjects: str, limits: dict[str, Any]) -> None:

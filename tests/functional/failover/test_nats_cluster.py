@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import nats
 import pytest
@@ -164,3 +165,12 @@ def test_the_endpoint_publishes_through_a_leader_change(cluster):
             assert info.state.messages == 60  # the resent 50 deduplicated by their Nats-Msg-Id
 
     asyncio.run(scenario())
+
+
+def test_a_url_naming_one_server_of_a_cluster_still_makes_the_stream_r3(cluster):
+    options = new_options()
+    one = SimpleNamespace(url=f"nats://{cluster.servers[0].host}:{cluster.servers[0].port}")
+    pub = make_pub(one, options)
+    pub.publish("a", "t", "k", "update", 1, {"v": 1})
+    pub.close()
+    assert _replicas(cluster, options["stream"]) == 3  # the cluster told the client of the other two
