@@ -21,7 +21,7 @@ event, ``*_cpu_ratio``, direct over Sentinel, is the steadier figure);
   against R1 (``nats_r3_ratio``).
 
 Last line: ``{"bench": "failover", "nb_write_ratio": R, "drivers_e2e_ratio": R, "fanout_ratio": R,
-"drivers_e2e_cpu_ratio": R, "fanout_cpu_ratio": R,
+"nb_write_cpu_ratio": R, "drivers_e2e_cpu_ratio": R, "fanout_cpu_ratio": R,
 "wait_ratio": R, "failover_s": {"min", "p50", "p90", "max"}, "failover_budget_s": B,
 "failovers_within_budget": N, "nats_r3_ratio": R, ..., "lost_undetected": 0}``.
 Targets: the three Sentinel ratios >= 0.9; every failover within down-after + 2 s.
@@ -52,12 +52,18 @@ from dfpubsub.testing.servers import NatsCluster, RedisSentinelCluster
 TABLES = ["port"]
 
 
-def _median_rates(stores: dict[str, Store], writes: int, rounds: int) -> dict[str, float]:
+def _median_rates(stores: dict[str, Store], writes: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """NbApi updates per second and this process's CPU µs per update (the publisher's thread
+    included, the servers' not), medians over ``rounds`` alternated rounds."""
     rates: dict[str, list[float]] = {name: [] for name in stores}
+    cpus: dict[str, list[float]] = {name: [] for name in stores}
     for _ in range(rounds):
         for name, store in stores.items():
+            cpu = time.process_time()
             rates[name].append(nbapi_rate(store, writes, 1000))
-    return {name: statistics.median(r) for name, r in rates.items()}
+            cpus[name].append((time.process_time() - cpu) / writes * 1e6)
+    return ({name: statistics.median(r) for name, r in rates.items()},
+            {name: statistics.median(c) for name, c in cpus.items()})
 
 
 def nb_write(cluster: RedisSentinelCluster, writes: int, rounds: int) -> dict[str, Any]:
@@ -66,7 +72,7 @@ def nb_write(cluster: RedisSentinelCluster, writes: int, rounds: int) -> dict[st
     stores["direct"].initialize()
     for k in range(1000):
         stores["direct"].create("port", f"port-{k:04d}", VALUE)
-    rates = _median_rates(stores, writes, rounds)
+    rates, cpus = _median_rates(stores, writes, rounds)
     for store in stores.values():
         store.close()
     before = access.redis_access()
@@ -74,13 +80,15 @@ def nb_write(cluster: RedisSentinelCluster, writes: int, rounds: int) -> dict[st
     waited = open_store(cluster.url, TABLES, prefix="nbw")
     access.configure(redis=before)
     plain = open_store(cluster.url, TABLES, prefix="nbw")
-    wait = _median_rates({"wait": waited, "plain": plain}, writes, rounds)
+    wait, _ = _median_rates({"wait": waited, "plain": plain}, writes, rounds)
     waited.close()
     plain.close()
-    print(f"[nb_write] direct {rates['direct']:,.0f}/s, sentinel {rates['sentinel']:,.0f}/s; wait_replicas=1 "
-          f"{wait['wait']:,.0f}/s against {wait['plain']:,.0f}/s", flush=True)
+    print(f"[nb_write] direct {rates['direct']:,.0f}/s ({cpus['direct']:.0f} µs CPU each), sentinel "
+          f"{rates['sentinel']:,.0f}/s ({cpus['sentinel']:.0f} µs); wait_replicas=1 {wait['wait']:,.0f}/s against "
+          f"{wait['plain']:,.0f}/s", flush=True)
     return {"nb_write_direct_per_s": round(rates["direct"]), "nb_write_sentinel_per_s": round(rates["sentinel"]),
             "nb_write_ratio": round(rates["sentinel"] / rates["direct"], 2),
+            "nb_write_cpu_ratio": round(cpus["direct"] / cpus["sentinel"], 2),
             "wait_per_s": round(wait["wait"]), "wait_ratio": round(wait["wait"] / wait["plain"], 2)}
 
 
