@@ -35,7 +35,7 @@ from .redis_scripts import ReplicasBehind, Script, Scripts, refused
 from .urls import SENTINEL_SCHEMES, redacted
 
 __all__ = ["TAKEOVER", "TAKEOVER_JUMP", "ProcessClient", "Script", "Scripts", "open_client", "redis_errors", "redacted",
-           "scripts_of", "sentinel_pool", "server_location"]
+           "scripts_of", "sentinel_pool", "server_location", "settled"]
 
 T = TypeVar("T")
 
@@ -104,6 +104,20 @@ class _MasterSSLConnection(_MasterConnection, SSLConnection):
     pass
 
 
+def settled(state: dict[str, Any]) -> bool:
+    """Whether a sentinel's view of its master (``SENTINEL MASTERS``) is one to connect to: the
+    sentinel that leads a failover keeps showing the old master there (flag
+    ``failover_in_progress``) until the failover ends, some 10 s after the promotion, when it has
+    told the old master; a client that believed it would write to a master being replaced. The
+    next sentinel is asked instead."""
+    return "failover_in_progress" not in str(state.get("flags", ""))
+
+
+class _Sentinel(Sentinel):
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        return settled(state) and bool(super().check_master_state(state, service_name))
+
+
 def open_client(url: str, timeout: float, what: str,
                 on_connect: tuple[str, list[Any], list[Any]] | None = None) -> redis.Redis:
     """A redis-py client for ``url`` with ``timeout`` on every socket.
@@ -142,7 +156,7 @@ def sentinel_pool(url: str, timeout: float, **kwargs: Any) -> SentinelConnection
     if tls:
         sentinel["connection_class"] = redis.SSLConnection
     sockets = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    manager = Sentinel(list(parsed.sentinels), sentinel_kwargs={**sockets, "retry": Retry(NoBackoff(), 0), **sentinel})
+    manager = _Sentinel(list(parsed.sentinels), sentinel_kwargs={**sockets, "retry": Retry(NoBackoff(), 0), **sentinel})
     return SentinelConnectionPool(
         parsed.service, manager, connection_class=_MasterSSLConnection if tls else _MasterConnection,
         **{"retry": Retry(NoBackoff(), 0), **sockets, **master, **kwargs})

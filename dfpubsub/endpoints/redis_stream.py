@@ -22,12 +22,20 @@ from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
 from ..backends.access import RedisAccess
+from ..backends.redis import settled
 from ..backends.urls import REDIS_SCHEMES, SENTINEL_SCHEMES
 from ..errors import ConfigError, EndpointConfigError, EndpointError, EndpointRejected
 from ..notify.notification import Notification
 from .api import Endpoint, split_query_options
 
 __all__ = ["RedisStreamEndpoint"]
+
+
+class _Sentinel(Sentinel):
+    """Skips a sentinel still showing the master a failover it leads replaces (see ``settled``)."""
+
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        return settled(state) and bool(super().check_master_state(state, service_name))
 
 _OPTIONS = frozenset({"stream", "maxlen"})
 
@@ -57,7 +65,7 @@ class RedisStreamEndpoint(Endpoint):
         try:
             if scheme in SENTINEL_SCHEMES:
                 parsed, master, sentinel = RedisAccess().sentinel_args(server_url)
-                self._client = Sentinel(list(parsed.sentinels), sentinel_kwargs={**sockets, **sentinel}).master_for(
+                self._client = _Sentinel(list(parsed.sentinels), sentinel_kwargs={**sockets, **sentinel}).master_for(
                     parsed.service, decode_responses=False, **sockets, **master)
             else:
                 self._client = aioredis.Redis.from_url(server_url, decode_responses=False, **sockets)

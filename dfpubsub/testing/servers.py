@@ -388,18 +388,32 @@ class RedisSentinelCluster(_Cluster):
                 counts.append(len(reply) if isinstance(reply, list) else 0)
         return min(counts)
 
-    def wait_master_change(self, old: RedisServer, timeout: float = 30.0) -> RedisServer:
-        """The new master once the sentinels name one other than ``old`` and it takes writes."""
+    def _named(self) -> set[int]:
+        """The ports of the masters the sentinels that answer name (one once they agree)."""
+        ports = set()
+        for sentinel in self.sentinels:
+            try:
+                reply = _command(sentinel, "SENTINEL", "get-master-addr-by-name", self.service)
+            except OSError:
+                continue
+            if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], bytes):
+                ports.add(int(reply[1]))
+        return ports
+
+    def wait_master_change(self, old: RedisServer, timeout: float = 60.0) -> RedisServer:
+        """The new master once every sentinel that answers names it (the one that led the failover
+        knows first, the others learn it within seconds), it is not ``old``, and it takes writes."""
         def promoted() -> RedisServer | None:
-            new = self.master()
-            return new if new is not old and _role(new) == b"master" else None
+            named = self._named()
+            new = next((r for r in self.redis if named == {r.port}), None)
+            return new if new is not None and new is not old and _role(new) == b"master" else None
         found: RedisServer | None = Retrying(retry=retry_if_result(lambda m: m is None), wait=wait_fixed(0.02),
                                              stop=stop_after_delay(timeout), reraise=True)(promoted)
         if found is None:
             raise RuntimeError(f"no failover from {old.port} within {timeout}s")
         return found
 
-    def wait_replica(self, server: RedisServer, timeout: float = 30.0) -> None:
+    def wait_replica(self, server: RedisServer, timeout: float = 60.0) -> None:
         """Wait until ``server`` (restarted after it was master) is a replica in sync again."""
         Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(timeout),
                  retry_error_callback=lambda _: _not_ready(f"redis {server.port} did not rejoin as a replica"))(

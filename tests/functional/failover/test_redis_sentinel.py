@@ -186,3 +186,32 @@ def test_a_reader_inside_a_takeovers_hole_is_told_its_history_went_back(sentinel
         store.follow_feed(head + 2).read()
     assert [e.key for e in store.follow_feed(head).read()] == ["after"]
     store.close()
+
+
+def test_a_threads_connection_moves_to_the_new_master_before_it_writes(sentinel_cluster):
+    """After a failover a thread's next call goes to the new master, not to the old one, which still
+    takes writes until the sentinels tell it: a kept connection to a server the sentinels no
+    longer name is dropped before the call (they are asked at most once a second)."""
+    store = _store(sentinel_cluster, "move")
+    store.create("port", "a", 1, topic="t")  # this thread's connection, to the first master
+    old = sentinel_cluster.master()
+    scripts = store._client.get().scripts  # noqa: SLF001 - the check itself, on a connection kept to the old master
+    kept = store._client.get().r.connection_pool.make_connection()  # noqa: SLF001
+    kept.connect()
+    assert not scripts._master_moved(kept)  # noqa: SLF001
+    sentinel = redis.Redis(host=sentinel_cluster.sentinels[0].host, port=sentinel_cluster.sentinels[0].port)
+    sentinel.execute_command("SENTINEL", "FAILOVER", sentinel_cluster.service)  # old stays up, demoted
+    sentinel.close()
+    new = sentinel_cluster.wait_master_change(old)
+    # Sentinel tells the old master of its demotion (and closes its clients) some 10 s later: until
+    # then it is a master the sentinels no longer name, taking writes. Ask them at every call.
+    scripts.recheck = 0
+    assert scripts._master_moved(kept)  # noqa: SLF001
+    kept.disconnect()
+    on_old = redis.Redis(port=old.port)
+    before = on_old.info("commandstats")["cmdstat_evalsha"]["calls"]  # NOSCRIPT, then the create
+    store.update("port", "a", 2)
+    assert on_old.info("commandstats")["cmdstat_evalsha"]["calls"] == before  # not tried there first
+    on_old.close()
+    assert store.get("port", "a").value == 2 and new.port != old.port
+    store.close()
