@@ -20,6 +20,7 @@ from redis.connection import AbstractConnection, Connection, SSLConnection
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import (
     AuthenticationWrongNumberOfArgsError,
+    InvalidResponse,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -237,7 +238,9 @@ def redis_errors(where: str) -> Iterator[None]:
         yield
     except (RedisAuthenticationError, AuthenticationWrongNumberOfArgsError) as exc:
         raise AuthenticationError(f"{where} refused the credentials: {exc}") from exc
-    except (RedisConnectionError, RedisTimeoutError, ReadOnlyError, ReplicasBehind) as exc:  # BusyLoadingError too
+    except (RedisConnectionError, RedisTimeoutError, ReadOnlyError, ReplicasBehind, InvalidResponse) as exc:
+        # BusyLoadingError is a ConnectionError; InvalidResponse: what came back was no Redis reply
+        # (something else answered on that address): the connection is dropped like a broken one.
         raise StoreUnavailable(f"{where} unavailable: {type(exc).__name__}: {exc}") from exc
     except ResponseError as exc:
         if refused(exc):

@@ -37,7 +37,7 @@ from typing import Any
 
 from redis.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import InvalidResponse, MasterDownError, NoScriptError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["ReplicasBehind", "Script", "Scripts", "refused"]
@@ -151,11 +151,11 @@ class Script:
                 lane = scripts._lane()  # noqa: SLF001 - the class's own helper
                 sent = True
                 return self._run(lane, keys, args)
-            except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
+            except (RedisConnectionError, RedisTimeoutError, ResponseError, InvalidResponse) as exc:
                 again = not sent or self.readonly or refused(exc)
                 if isinstance(exc, ResponseError) and not refused(exc):
                     raise  # the script's own error: the connection is sound
-                scripts.drop()
+                scripts.drop()  # InvalidResponse: no Redis reply came, nothing more can be read on it
                 if not scripts.sentinel or not again:
                     raise
                 now = time.monotonic()

@@ -400,9 +400,11 @@ class RedisSentinelCluster(_Cluster):
                 ports.add(int(reply[1]))
         return ports
 
-    def wait_master_change(self, old: RedisServer, timeout: float = 60.0) -> RedisServer:
+    def wait_master_change(self, old: RedisServer, timeout: float = 120.0) -> RedisServer:
         """The new master once every sentinel that answers names it (the one that led the failover
-        knows first, the others learn it within seconds), it is not ``old``, and it takes writes."""
+        knows first, the others learn it within seconds), it is not ``old``, and it takes writes.
+        The default timeout allows for sentinels in TILT mode: a sentinel whose timer ran late (a
+        starved machine) does nothing for 30 s."""
         def promoted() -> RedisServer | None:
             named = self._named()
             new = next((r for r in self.redis if named == {r.port}), None)
@@ -413,7 +415,7 @@ class RedisSentinelCluster(_Cluster):
             raise RuntimeError(f"no failover from {old.port} within {timeout}s")
         return found
 
-    def wait_replica(self, server: RedisServer, timeout: float = 60.0) -> None:
+    def wait_replica(self, server: RedisServer, timeout: float = 120.0) -> None:
         """Wait until ``server`` (restarted after it was master) is a replica in sync again."""
         Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(timeout),
                  retry_error_callback=lambda _: _not_ready(f"redis {server.port} did not rejoin as a replica"))(

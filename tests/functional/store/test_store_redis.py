@@ -1,6 +1,7 @@
 """Redis-specific behaviour of RedisStore, each test on a redis-server of its own."""
 
 import multiprocessing
+import socket
 import threading
 import time
 
@@ -162,3 +163,31 @@ def test_a_write_no_replica_acknowledged_in_time_is_outcome_unknown(redis_server
     assert time.monotonic() - started >= 0.2
     assert store.get("port", "a").value == 1  # made on the master, which a failover could still lose
     store.close()
+
+
+def test_something_else_answering_on_the_address_is_unavailable_not_a_store_error():
+    """A port that answers with no Redis reply (an HTTP server got it): the connection is dropped
+    as a broken one, and the store says unavailable, as for a server that is gone."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", TABLES, prefix="http", timeout=1.0)
+    try:
+        with pytest.raises(StoreUnavailable, match="InvalidResponse"):
+            store.get("port", "a")
+        with pytest.raises(StoreUnavailable, match="InvalidResponse"):
+            store.create("port", "a", 1)
+    finally:
+        store.close()
+        listener.close()
