@@ -409,10 +409,11 @@ class RedisSentinelCluster(_Cluster):
             named = self._named()
             new = next((r for r in self.redis if named == {r.port}), None)
             return new if new is not None and new is not old and _role(new) == b"master" else None
-        found: RedisServer | None = Retrying(retry=retry_if_result(lambda m: m is None), wait=wait_fixed(0.02),
-                                             stop=stop_after_delay(timeout), reraise=True)(promoted)
-        if found is None:
-            raise RuntimeError(f"no failover from {old.port} within {timeout}s")
+        found: RedisServer | None = Retrying(
+            retry=retry_if_result(lambda m: m is None), wait=wait_fixed(0.02), stop=stop_after_delay(timeout),
+            retry_error_callback=lambda _: _not_ready(f"no failover from {old.port} within {timeout:g} s (the "
+                                                      f"sentinels name {sorted(self._named())})"))(promoted)
+        assert found is not None  # the callback raised otherwise
         return found
 
     def wait_replica(self, server: RedisServer, timeout: float = 120.0) -> None:
