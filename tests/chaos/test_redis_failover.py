@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from dfpubsub.tools.webhook import WebhookReceiver
 
+from dfpubsub.nbapi import NbApi
+from dfpubsub.notify import NotificationConfig, NotificationRegistry, Topic
+from dfpubsub.notify.producer import Notifier
+from dfpubsub.queues import open_queues
 from dfpubsub.store import open_store
 from dfpubsub.testing.servers import RedisSentinelCluster, RedisServer
 from tests.chaos.netns import ip
@@ -24,6 +29,7 @@ from tests.conftest import stopped, wait_for
 from tests.functional.controller_helpers import Node
 from tests.functional.failover.failover_helpers import Writer
 from tests.functional.feed.feed_helpers import FeedThread
+from tests.functional.notify_helpers import delivered_keys, delivery, wait_drained
 
 HERE = Path(__file__).parent
 ENV = {**os.environ, "PYTHONPATH": str(HERE.parents[1])}
@@ -31,9 +37,7 @@ ENV = {**os.environ, "PYTHONPATH": str(HERE.parents[1])}
 
 @pytest.mark.parametrize("fault", ["kill", "kill_lagging", "sigstop"])
 def test_controllers_converge_across_three_failovers(tmp_path, fault):
-    """``kill_lagging``: the replicas are stopped and cut from the master while 100 writes go on,
-    and the master is killed before they resume: the promoted one lacks those writes, which
-    df-feed and the controllers had already seen."""
+    """With ``kill_lagging`` the promoted replica lacks writes df-feed and the controllers had seen."""
     cluster = RedisSentinelCluster(tmp_path / "sentinel", down_after=1000).start()
     store = open_store(cluster.url, ["port", "network"], prefix="chaos", timeout=2.0)
     store.initialize()
@@ -42,36 +46,7 @@ def test_controllers_converge_across_three_failovers(tmp_path, fault):
     writer = Writer(store, topic="port")
     try:
         for _ in range(3):
-            count = len(writer.acked)
-            wait_for(lambda: len(writer.acked) >= count + 300, timeout=30, what="writes before the fault")
-            old = cluster.master()
-            if fault == "kill":
-                old.kill()
-            elif fault == "kill_lagging":
-                replicas = [r for r in cluster.redis if r is not old]
-                for r in replicas:
-                    os.kill(r.proc.pid, signal.SIGSTOP)
-                # What the master sent them waits in their sockets; cut the links, so that it
-                # sends them nothing more while they are stopped and cannot reconnect.
-                raw = redis.Redis(port=old.port)
-                raw.client_kill_filter(_type="replica")
-                raw.close()
-                count = len(writer.acked)
-                wait_for(lambda: len(writer.acked) >= count + 100, timeout=30, what="writes the replicas miss")
-                old.kill()
-                for r in replicas:
-                    os.kill(r.proc.pid, signal.SIGCONT)
-            else:
-                os.kill(old.proc.pid, signal.SIGSTOP)
-                wait_for(lambda: stopped(old.proc.pid), what="the master to stop")
-            cluster.wait_master_change(old)
-            count = len(writer.acked)
-            wait_for(lambda: len(writer.acked) >= count + 300, timeout=30, what="writes on the new master")
-            if fault != "sigstop":
-                old.start()
-            else:
-                os.kill(old.proc.pid, signal.SIGCONT)
-            cluster.wait_replica(old)
+            fail_over(cluster, fault, writer)
         writer.stop()
         for node in nodes:
             wait_for(lambda: node.converged(store), timeout=60, what="a controller to equal the store")
@@ -92,6 +67,79 @@ def test_controllers_converge_across_three_failovers(tmp_path, fault):
         feed.close()
         store.close()
         cluster.kill()
+
+
+def fail_over(cluster, fault, writer):
+    """Wait for 300 writes, fail the master by ``fault`` (``kill``; ``kill_lagging``: its replicas
+    stopped and cut off from it while 100 writes go on, then it is killed before they resume, so
+    the promoted one lacks those writes; ``sigstop``: stopped past down-after), wait for 300 writes
+    on the new master, and bring the old one back as a replica."""
+    count = len(writer.acked)
+    wait_for(lambda: len(writer.acked) >= count + 300, timeout=30, what="writes before the fault")
+    old = cluster.master()
+    if fault == "kill":
+        old.kill()
+    elif fault == "kill_lagging":
+        replicas = [r for r in cluster.redis if r is not old]
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGSTOP)
+        # What the master sent them waits in their sockets; cut the links, so that it sends them
+        # nothing more while they are stopped and cannot reconnect.
+        raw = redis.Redis(port=old.port)
+        raw.client_kill_filter(_type="replica")
+        raw.close()
+        count = len(writer.acked)
+        wait_for(lambda: len(writer.acked) >= count + 100, timeout=30, what="writes the replicas miss")
+        old.kill()
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGCONT)
+    else:
+        os.kill(old.proc.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(old.proc.pid), what="the master to stop")
+    cluster.wait_master_change(old)
+    count = len(writer.acked)
+    wait_for(lambda: len(writer.acked) >= count + 300, timeout=60, what="writes on the new master")
+    if fault != "sigstop":
+        old.start()
+    else:
+        os.kill(old.proc.pid, signal.SIGCONT)
+    cluster.wait_replica(old)
+
+
+@pytest.mark.parametrize("fault", ["kill", "kill_lagging"])
+def test_every_notification_of_a_write_that_survived_is_delivered(tmp_path, fault):
+    """NbApi writers with persistent notifications (their queue entries written in the store's
+    own script), a delivery worker and a webhook, through three failovers: every object the store
+    holds afterwards had its notification delivered (at least once). A write the failover lost
+    took its queue entry with it; its notification may have gone out before (at least once,
+    of a write that did not survive: what asynchronous replication allows, wait_replicas not)."""
+    cluster = RedisSentinelCluster(tmp_path / "sentinel", down_after=1000).start()
+    store = open_store(cluster.url, ["port"], prefix="nfo", timeout=2.0)
+    store.initialize()
+    queues = open_queues(cluster.url, prefix="nfo", timeout=2.0)
+    assert queues.shares_store(store)
+    registry = NotificationRegistry(queues)
+    with WebhookReceiver() as webhook:
+        registry.create_topic(Topic("orders", webhook.url, persistent=True, shards=2, retry_sleep=0.05))
+        registry.put_configuration(NotificationConfig("all", "port", "orders"))
+        worker = delivery(queues)
+        writer = Writer(NbApi(store, None, Notifier(registry, queues)), topic="port")
+        try:
+            for _ in range(3):
+                fail_over(cluster, fault, writer)
+            writer.stop()
+            wait_drained(registry, "orders", timeout=60)
+            survived = {(o.key, o.version) for o in store.list("port")}
+            delivered = set(delivered_keys(webhook))
+            assert survived - delivered == set()
+            if fault == "kill_lagging":
+                assert [k for k in writer.acked if (k, writer.acked[k]) not in survived]  # some were lost
+        finally:
+            writer.stop()
+            worker.stop()
+    queues.close()
+    store.close()
+    cluster.kill()
 
 
 class _FarRedis(RedisServer):

@@ -13,7 +13,7 @@ __all__ = ["Follower", "Writer"]
 
 
 class Writer:
-    """Creates ``port/k{n}`` one after the other until stopped, noting what each write returned:
+    """Creates ``port/k{n}`` through ``store`` (a store, or an NbApi) one after the other until stopped, noting what each write returned:
     ``acked`` (key -> version), ``unknown`` (WriteOutcomeUnknown), ``refused`` (other
     StoreUnavailable: not written), and when each acknowledged write returned."""
 
