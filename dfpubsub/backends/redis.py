@@ -50,9 +50,11 @@ TAKEOVER_JUMP = 1 << 24
 #: promoted by a failover, a restarted server), ``move`` pushes its counters ``JUMP`` ahead, so
 #: nothing the old master handed out (a revision, a token, a sequence) is ever handed out again.
 #: KEYS[1]: the component's epoch key; the others and ARGV[2...] are ``move``'s. ARGV[1]: JUMP.
-#: Nothing on a replica, and nothing the first time ever (no epoch before it).
+#: Nothing on a replica, nothing the first time ever (no epoch before it), and nothing where the
+#: ACL user may not run INFO (-1; the check then protects nothing: grant it ``+info``).
 TAKEOVER = """
-local info = redis.call('INFO', 'replication')
+local info = redis.pcall('INFO', 'replication')
+if type(info) ~= 'string' then return -1 end
 if not string.find(info, 'role:master', 1, true) then return 0 end
 local id = string.match(info, 'master_replid:(%x+)') or ''
 local seen = redis.call('GET', KEYS[1])
@@ -64,7 +66,8 @@ local JUMP = ARGV[1]
 return 1
 """
 
-#: Seconds a call through Sentinel waits for a master while a failover is under way.
+#: Retries of a client call through Sentinel while a failover is under way (from 50 ms apart,
+#: doubling up to a quarter of the timeout: a few seconds in all).
 _SENTINEL_RETRIES = 8
 
 

@@ -11,6 +11,7 @@ import redis
 from dfpubsub.backends import access
 from dfpubsub.errors import NotEnoughReplicas, StoreUnavailable, WriteOutcomeUnknown
 from dfpubsub.store.redis import RedisStore
+from dfpubsub.testing.servers import RedisServer
 
 TABLES = ["port", "network"]
 
@@ -191,3 +192,20 @@ def test_something_else_answering_on_the_address_is_unavailable_not_a_store_erro
     finally:
         store.close()
         listener.close()
+
+
+def test_a_user_without_info_works_without_the_takeover_check(tmp_path):
+    """The takeover check (dfpubsub.backends.redis.TAKEOVER) reads INFO on each new connection;
+    an ACL user denied it still connects and writes (the check then protects nothing)."""
+    server = RedisServer(tmp_path / "redis", users=("bob on >pw ~* &* +@all -info",)).start()
+    try:
+        store = RedisStore(f"redis://bob:pw@127.0.0.1:{server.port}/0", TABLES, prefix="noinfo")
+        store.initialize()
+        assert store.create("port", "a", 1).version == 1
+        assert store.get("port", "a").value == 1
+        raw = redis.Redis(port=server.port, username="bob", password="pw")
+        assert raw.get("noinfo:nb:epoch") is None  # never checked
+        raw.close()
+        store.close()
+    finally:
+        server.kill()
