@@ -52,7 +52,7 @@ def test_the_sentinels_take_their_own_user_and_the_same_tls(tmp_path):
     assert "ssl" not in master and "ssl" not in sentinel
 
 
-def test_redis_settings_carry_the_sentinel_password_file_and_wait_replicas(tmp_path):
+def test_redis_settings_carry_the_sentinel_password_file_and_wait_replicas(tmp_path, redis_settings):
     secret = tmp_path / "sentinel.pw"
     secret.write_text("from-file\n")
     settings = load_settings(overrides={"redis": {"sentinel_password_file": str(secret), "wait_replicas": 1,
