@@ -417,7 +417,8 @@ class RedisSettings(_ClientSettings):
     wait_replicas: int = Field(
         0, ge=0, le=16, description="Replicas each write waits for (WAIT) before it returns; fewer within "
         "wait_timeout: WriteOutcomeUnknown. 0: none (a failover may lose a write that returned).")
-    wait_timeout: float = Field(1.0, gt=0, description="Seconds a write waits for wait_replicas replicas.")
+    wait_timeout: float = Field(1.0, gt=0, description="Seconds a write waits for wait_replicas replicas (keep it "
+                                "below the clients' socket timeouts, 5 s by default).")
 
     @model_validator(mode="after")
     def _check(self) -> RedisSettings:
