@@ -51,7 +51,7 @@ class Writer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        self._thread.join(60)  # a call in flight may wait out a failover's retries on a starved machine
         assert not self._thread.is_alive()
 
 
@@ -92,5 +92,5 @@ class Follower:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        self._thread.join(60)  # a call in flight may wait out a failover's retries on a starved machine
         assert not self._thread.is_alive()

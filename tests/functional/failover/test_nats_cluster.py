@@ -81,7 +81,7 @@ def test_a_leader_killed_mid_stream_loses_nothing_undetected(cluster, victim):
         dead.kill()
         mark = len(live.keys())
         wait_for(lambda: len(live.keys()) >= mark + 2000, timeout=30, what="traffic after the kill")
-        dead.start()
+        dead.start(timeout=120)  # it catches up with the stream before it says it is healthy
         mark = len(live.keys())
         wait_for(lambda: len(live.keys()) >= mark + 1000, timeout=30, what="traffic after the restart")
     pub.close()
@@ -123,7 +123,7 @@ def test_two_of_three_servers_down_is_unavailable_not_wrong(cluster):
         wait_for(lambda: pub.stats.get("drops", "unacknowledged") + pub.stats.get("send_errors") >= 5, timeout=30,
                  what="the publisher to find the stream unavailable")
         for server in down:
-            server.start()
+            server.start(timeout=120)
         mark = len(live.keys())
         wait_for(lambda: len(live.keys()) >= mark + 2000, timeout=60, what="traffic once a quorum is back")
     pub.close()
