@@ -40,4 +40,3 @@ def far_side():
     finally:
         subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=30)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-
