@@ -131,7 +131,8 @@ class StoreSettings(_Section):
 
     url: str = Field(
         "sqlite:////var/lib/dfpubsub/nb.sqlite",
-        description="sqlite:////abs/path or sqlite:///rel/path (embedded, default), etcd://host:port or redis://host:port/db.",
+        description="sqlite:////abs/path or sqlite:///rel/path (embedded, default), etcd://host:port, "
+        "redis://host:port/db or redis+sentinel://host:port[,host:port]/master/db.",
     )
     tables: list[str] = Field(
         default_factory=lambda: ["chassis", "network", "subnet", "port", "router", "secgroup"],
@@ -407,16 +408,31 @@ class _ClientSettings(_Section):
 
 class RedisSettings(_ClientSettings):
     """``[redis]``: ACL user and TLS of every Redis connection (store, discovery, queues, driver);
-    they override the URL's."""
+    they override the URL's. Through Sentinel (``redis+sentinel://``) the sentinels take the same
+    TLS and a user of their own; ``wait_replicas`` makes every write wait for replicas."""
+
+    sentinel_username: str = Field("", description="User of the sentinels (their ACL); empty: none.")
+    sentinel_password: str = Field("", description="Its password (prefer sentinel_password_file).")
+    sentinel_password_file: str = Field("", description="File whose first line is the sentinels' password.")
+    wait_replicas: int = Field(
+        0, ge=0, le=16, description="Replicas each write waits for (WAIT) before it returns; fewer within "
+        "wait_timeout: WriteOutcomeUnknown. 0: none (a failover may lose a write that returned).")
+    wait_timeout: float = Field(1.0, gt=0, description="Seconds a write waits for wait_replicas replicas (keep it "
+                                "below the clients' socket timeouts, 5 s by default).")
 
     @model_validator(mode="after")
     def _check(self) -> RedisSettings:
         _check_access("redis", self)
+        if self.sentinel_password_file and not os.path.isfile(self.sentinel_password_file):
+            raise ValueError(f"redis.sentinel_password_file {self.sentinel_password_file!r} is not a readable file")
+        _password("redis.sentinel", self.sentinel_password, self.sentinel_password_file)
         return self
 
     def access(self) -> RedisAccess:
         return RedisAccess(self.username, _password("redis", self.password, self.password_file), self.tls,
-                           self.ca_file, self.cert_file, self.key_file, self.check_hostname)
+                           self.ca_file, self.cert_file, self.key_file, self.check_hostname, self.sentinel_username,
+                           _password("redis.sentinel", self.sentinel_password, self.sentinel_password_file),
+                           self.wait_replicas, self.wait_timeout)
 
 
 class NatsSettings(_ClientSettings):

@@ -29,6 +29,8 @@ __all__ = [
     "StoreMissing",
     "WriteOutcomeUnknown",
     "HistoryGone",
+    "HistoryRewound",
+    "NotEnoughReplicas",
     "QueueError",
     "QueueNotFound",
     "QueueFull",
@@ -171,18 +173,44 @@ class WriteOutcomeUnknown(StoreUnavailable):
     """
 
 
+class NotEnoughReplicas(StoreUnavailable):
+    """The server refused a write for want of replicas (Redis ``NOREPLICAS`` under
+    ``min-replicas-to-write``, ``MASTERDOWN``): nothing was written; try again later."""
+
+
 class HistoryGone(StoreError):
     """The change feed no longer holds the revisions asked for (retention or compaction).
 
     ``horizon`` is the newest revision known to be gone (0 if the backend
     cannot tell). A reader must resync from a listing, never skip ahead silently.
+    ``reason`` names the case in metrics (a controller counts its relists under it).
     """
+
+    reason = "history_gone"
 
     def __init__(self, after: int, horizon: int = 0, detail: str = ""):
         self.after = after
         self.horizon = horizon
-        super().__init__(f"change feed history after revision {after} is gone"
-                         + (f" (compacted up to {horizon})" if horizon else "") + (f": {detail}" if detail else ""))
+        super().__init__(self._describe(after, horizon) + (f": {detail}" if detail else ""))
+
+    @staticmethod
+    def _describe(after: int, horizon: int) -> str:
+        return f"change feed history after revision {after} is gone" + (f" (compacted up to {horizon})" if horizon else "")
+
+
+class HistoryRewound(HistoryGone):
+    """The store's history went backwards below a position a reader holds: a failover promoted a
+    replica that lacked the last writes, or a server restarted without them. Revisions
+    ``horizon + 1`` up to ``after`` as the reader saw them are not the store's any more (they
+    may be taken again by other writes): what the reader built on them must be relisted.
+    """
+
+    reason = "history_rewound"
+
+    @staticmethod
+    def _describe(after: int, horizon: int) -> str:
+        return (f"the store's history went back to revision {horizon}, below revision {after} read before "
+                "(a failover or restart lost the writes between)")
 
 
 class QueueError(StoreError):

@@ -1,8 +1,9 @@
 """Finding drivers by name or URL through the ``dfpubsub.drivers`` entry points.
 
 ``zmq+tcp://host:port`` selects driver ``zmq`` with transport URL
-``tcp://host:port``; ``redis://host:port`` selects ``redis`` with the whole URL;
-a bare name such as ``memory`` selects the driver with no URL.
+``tcp://host:port``; ``redis://host:port`` selects ``redis`` with the whole URL, and so does
+``redis+sentinel://host:port[,host:port]/master/db`` (the master Sentinel names: the ``+`` is
+part of Redis's scheme there); a bare name such as ``memory`` selects the driver with no URL.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from .backends.extras import needs_extra
+from .backends.urls import SENTINEL_SCHEMES
 from .errors import DriverNotFound, MissingExtra
 from .transport import Driver
 
@@ -47,6 +49,8 @@ def parse_driver_url(name_or_url: str) -> tuple[str, str | None]:
     if "://" not in name_or_url:
         return name_or_url, None
     scheme, rest = name_or_url.split("://", 1)
+    if scheme in SENTINEL_SCHEMES:
+        return "redis", name_or_url
     if "+" in scheme:
         driver, transport = scheme.split("+", 1)
         return driver, f"{transport}://{rest}"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dfpubsub.backends import access
 from dfpubsub.store import Store, open_store
 from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer, free_port
 
@@ -111,6 +112,15 @@ def undetected(delivered, holes, last: int) -> list[int]:
     got = set(delivered)
     holes = [h for h in holes if h]
     return [s for s in range(1, last + 1) if s not in got and not any(lo <= s <= hi for lo, hi in holes)]
+
+
+@pytest.fixture
+def redis_settings() -> Iterator[None]:
+    """Lets a test ``access.configure(redis=...)`` ([redis] wait_replicas ...); the settings
+    before it come back after."""
+    before = access.redis_access()
+    yield
+    access.configure(redis=before)
 
 
 @pytest.fixture(name="wait_for")

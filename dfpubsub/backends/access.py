@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .urls import SentinelUrl, parse_sentinel
 
 __all__ = ["EtcdAccess", "NatsAccess", "RedisAccess", "configure", "etcd_access", "nats_access", "redis_access"]
 
@@ -58,7 +59,39 @@ class _ClientAccess:
 @dataclass(frozen=True, slots=True)
 class RedisAccess(_ClientAccess):
     """An ACL user and TLS; empty strings keep what the URL says (``redis://user:pass@``,
-    ``rediss://``)."""
+    ``rediss://``). Through Sentinel (``redis+sentinel://``) the sentinels take their own user,
+    and every write may wait for ``wait_replicas`` replicas (docs/store.md#failover)."""
+
+    sentinel_username: str = ""
+    sentinel_password: str = ""
+    wait_replicas: int = 0
+    wait_timeout: float = 1.0
+
+    def sentinel_args(self, url: str) -> tuple[SentinelUrl, dict[str, Any], dict[str, Any]]:
+        """A ``redis+sentinel://`` URL parsed, with the keyword arguments of the master's
+        connections (the URL's user under the settings', TLS) and of the sentinels' (their own
+        user, the same TLS); ConfigError for a malformed URL."""
+        parsed = parse_sentinel(url)
+        master: dict[str, Any] = {"db": parsed.db}
+        username, password = self.username or parsed.username, self.password or parsed.password
+        if username:
+            master["username"] = username
+        if password:
+            master["password"] = password
+        sentinel: dict[str, Any] = {}
+        if self.sentinel_username:
+            sentinel["username"] = self.sentinel_username
+        if self.sentinel_password:
+            sentinel["password"] = self.sentinel_password
+        if parsed.tls or self.tls or self.ca_file or self.cert_file:
+            tls: dict[str, Any] = {"ssl": True, "ssl_check_hostname": self.check_hostname, "ssl_cert_reqs": "required"}
+            if self.ca_file:
+                tls["ssl_ca_certs"] = self.ca_file
+            if self.cert_file:
+                tls.update(ssl_certfile=self.cert_file, ssl_keyfile=self.key_file or None)
+            master.update(tls)
+            sentinel.update(tls)
+        return parsed, master, sentinel
 
     def connect_args(self, url: str) -> tuple[str, dict[str, Any]]:
         """``url`` and keyword arguments for redis-py's ``from_url``: the settings win over the

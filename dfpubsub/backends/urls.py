@@ -10,13 +10,19 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
 
-__all__ = ["check_backend_url", "parse_endpoints", "redacted", "sqlite_path"]
+__all__ = ["REDIS_SCHEMES", "SENTINEL_SCHEMES", "SentinelUrl", "check_backend_url", "parse_endpoints", "parse_sentinel", "redacted", "sqlite_path"]
 
-_FORMS = "sqlite:////abs/path, etcd://host:port[,host:port] or redis://host:port/db"
+_FORMS = ("sqlite:////abs/path, etcd://host:port[,host:port], redis://host:port/db or "
+          "redis+sentinel://host:port[,host:port]/master/db")
+#: The schemes of a Redis reached through Sentinel (rediss+: TLS to the sentinels and the master).
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+#: Every scheme of a Redis URL: one server (rediss: TLS) or a master found through Sentinel.
+REDIS_SCHEMES = ("redis", "rediss", *SENTINEL_SCHEMES)
 
 
 def redacted(url: str) -> str:
@@ -65,6 +71,49 @@ def parse_endpoints(url: str) -> list[tuple[str, int]]:
     return endpoints
 
 
+@dataclass(frozen=True, slots=True)
+class SentinelUrl:
+    """A parsed ``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db]``: the
+    sentinels, the name they know the master by, the database, the master's user and password
+    (the sentinels' come from ``[redis] sentinel_username``), and whether both speak TLS."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    username: str
+    password: str
+    tls: bool
+
+
+def parse_sentinel(url: str) -> SentinelUrl:
+    """``url`` parsed; ConfigError naming what is wrong (without the URL's password)."""
+    form = "redis+sentinel://host:port[,host:port...]/master[/db]"
+    scheme, sep, rest = url.partition("://")
+    if scheme not in SENTINEL_SCHEMES or not sep:
+        raise ConfigError(f"Sentinel URL must look like {form}: {redacted(url)!r}")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if at else ("", "", "")
+    sentinels = []
+    for part in hosts.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        if not colon:
+            host, port = part.strip(), "26379"
+        host = host.strip("[]")  # an IPv6 address in brackets
+        if not host or not port.isdigit():
+            raise ConfigError(f"Sentinel URL must look like {form}: {redacted(url)!r}")
+        if not 0 < int(port) < 65536:
+            raise ConfigError(f"Sentinel URL {redacted(url)!r}: port {port} is not between 1 and 65535")
+        sentinels.append((host, int(port)))
+    service, _, db = path.strip("/").partition("/")
+    if not service:
+        raise ConfigError(f"Sentinel URL {redacted(url)!r} names no master: {form}")
+    if db and not db.isdigit():
+        raise ConfigError(f"Sentinel URL {redacted(url)!r}: the database {db!r} is not a number")
+    return SentinelUrl(tuple(sentinels), unquote(service), int(db or 0), unquote(username), unquote(password),
+                       scheme == "rediss+sentinel")
+
+
 def _check_redis(url: str) -> None:
     parts = urlsplit(url)
     try:
@@ -88,8 +137,10 @@ def check_backend_url(url: str, setting: str) -> None:
             sqlite_path(url)
         elif scheme == "etcd":
             parse_endpoints(url)
-        elif scheme == "redis":
+        elif scheme in ("redis", "rediss"):
             _check_redis(url)
+        elif scheme in SENTINEL_SCHEMES:
+            parse_sentinel(url)
         else:
             raise ConfigError(f"unknown backend URL {url!r}; use {_FORMS}")
     except ConfigError as exc:

@@ -89,11 +89,11 @@ def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *,
     when its feed does not reach the head within ``_CATCH_UP`` seconds (the caller tries again
     later: a replay never stops short).
     """
-    head = store.feed_head()
+    head, span = store.feed_since(after)  # HistoryRewound: ``after`` lies where a failover took the store back
     if after > head:
         raise AheadOfStore(f"position {after} is above the store's head {head}")
-    if store.feed_dense and head - after > max_entries:  # the count is known without reading
-        raise TooFarBehind(f"{head - after} feed entries since revision {after}, more than {max_entries}")
+    if store.feed_dense and span > max_entries:  # the count is known without reading
+        raise TooFarBehind(f"{span} feed entries since revision {after}, more than {max_entries}")
     last, position, entries, complete = _read(store, after, head, max_entries)
     wanted: list[tuple[str, str]] = []
     deleted: list[tuple[tuple[str, str], int]] = []

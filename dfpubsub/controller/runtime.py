@@ -475,8 +475,10 @@ class Controller:
                     self._refuse_bookmarks()  # then from where the store last proved the cache complete
                     done = replay(self.store, self.cache, covered, min(positions.values()), max_entries=limit,
                                   touched=touched)
-            except (HistoryGone, AheadOfStore):  # a store restored from an older backup: history is not ours
-                cause = "history_gone"
+            except HistoryGone as exc:  # HistoryRewound (a failover's hole): "history_rewound"
+                cause = exc.reason
+            except AheadOfStore:  # the store went back below what it proved: a failover, an older backup
+                cause = "history_rewound"
             except TooFarBehind:
                 cause = "too_far_behind"
             else:
@@ -492,7 +494,7 @@ class Controller:
                 return done.changes, len(done.changes), done.objects, done.entries, "replay", cause
         elif cause != "periodic":
             cause = "first_sync"
-        if cause in ("history_gone", "too_far_behind"):
+        if cause in ("history_gone", "history_rewound", "too_far_behind"):
             # Every topic's position is as far behind as the replay's start: relist them all, or
             # the next repair would start from the same place and fail the same way.
             topics = topics | positions.keys()

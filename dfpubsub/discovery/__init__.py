@@ -34,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..backends.extras import needs_extra
 from ..backends.sqlite import require_sqlite_file, sqlite_path
+from ..backends.urls import REDIS_SCHEMES
 from ..errors import ConfigError, DfPubSubError
 from .api import Discovery, PollingWatcher, PublisherRecord, RecordCallback, Registration, Watcher, check_timing
 
@@ -82,12 +83,12 @@ def open_discovery(
             from .etcd import EtcdDiscovery
 
         return EtcdDiscovery(url, ttl, renew_interval, prefix, timeout)
-    if scheme == "redis":
+    if scheme in REDIS_SCHEMES:
         with needs_extra("the Redis discovery"):
             from .redis import RedisDiscovery
 
         return RedisDiscovery(url, ttl, renew_interval, prefix, timeout)
-    raise ConfigError(f"unknown discovery URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
+    raise ConfigError(f"unknown discovery URL {url!r}; use sqlite:///path, etcd://host:port, redis://host:port/db or redis+sentinel://host:port[,host:port]/master/db")
 
 
 def discovery_from_settings(settings: Settings, create: bool = False) -> Discovery:

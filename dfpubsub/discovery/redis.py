@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from ..backends.redis import ProcessClient, Script, Scripts, open_client, redis_errors
+from ..backends.redis import ProcessClient, Script, open_client, redis_errors, scripts_of
 from .api import Discovery, PublisherRecord
 
 __all__ = ["RedisDiscovery"]
@@ -92,7 +92,7 @@ class RedisDiscovery(Discovery):
 
     def _new_client(self) -> _Client:
         r = open_client(self.url, self.timeout, "discovery")
-        scripts = Scripts(r)
+        scripts = scripts_of(r, self.timeout)
         return _Client(r, scripts.register(_RENEW), scripts.register(_LIST))
 
     def _connect(self) -> _Client:

@@ -2,6 +2,10 @@
 
 ``redis://[:password@]host:port/db?stream=notify:{topic}&maxlen=100000``: the
 endpoint options may sit in the URL query or in ``options`` (which win).
+``redis+sentinel://[:password@]host:port[,host:port]/master/db?...`` reaches the master the
+sentinels name (``rediss+sentinel://``: with TLS), asked again after a connection fails, so
+the delivery's retry after a failover goes to the new master; the URL's user and password
+are the master's (sentinels that want a password are not supported here).
 Each entry has the fields ``id`` (the notification id), ``content_type`` and
 ``data`` (an S3 event message with one record, or one structured CloudEvent).
 """
@@ -9,18 +13,29 @@ Each entry has the fields ``id`` (the notification id), ``content_type`` and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlsplit
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 
-from ..errors import EndpointConfigError, EndpointError, EndpointRejected
+from ..backends.access import RedisAccess
+from ..backends.redis import settled
+from ..backends.urls import REDIS_SCHEMES, SENTINEL_SCHEMES
+from ..errors import ConfigError, EndpointConfigError, EndpointError, EndpointRejected
 from ..notify.notification import Notification
 from .api import Endpoint, split_query_options
 
 __all__ = ["RedisStreamEndpoint"]
+
+
+class _Sentinel(Sentinel):
+    """Skips a sentinel still showing the master a failover it leads replaces (see ``settled``)."""
+
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        return settled(state) and bool(super().check_master_state(state, service_name))
 
 _OPTIONS = frozenset({"stream", "maxlen"})
 
@@ -39,17 +54,22 @@ class RedisStreamEndpoint(Endpoint):
     def __init__(self, url: str, format: str = "s3", options: Mapping[str, str] | None = None):
         server_url, from_query = split_query_options(url, _OPTIONS | Endpoint.COMMON_OPTIONS)
         super().__init__(server_url, format, {**from_query, **(options or {})})
-        if urlsplit(server_url).scheme not in ("redis", "rediss"):
-            raise EndpointConfigError(f"not a redis(s) URL: {self.safe_url!r}")
+        scheme = server_url.partition("://")[0]
+        if scheme not in REDIS_SCHEMES:
+            raise EndpointConfigError(f"not a redis(s) or redis+sentinel URL: {self.safe_url!r}")
         self.stream = self.options.get_str("stream", "notify:{topic}")
         self.maxlen = self.options.get_int("maxlen", 0) if "maxlen" in self.options.values else None
+        # No retries inside the client: a failed XADD may have happened, and the caller decides.
+        sockets: dict[str, Any] = {"socket_timeout": self.timeout, "socket_connect_timeout": self.timeout,
+                   "retry": Retry(NoBackoff(), 0)}
         try:
-            # No retries inside the client: a failed XADD may have happened, and the caller decides.
-            self._client = aioredis.Redis.from_url(
-                server_url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
-                retry=Retry(NoBackoff(), 0), decode_responses=False,
-            )
-        except ValueError as exc:
+            if scheme in SENTINEL_SCHEMES:
+                parsed, master, sentinel = RedisAccess().sentinel_args(server_url)
+                self._client = _Sentinel(list(parsed.sentinels), sentinel_kwargs={**sockets, **sentinel}).master_for(
+                    parsed.service, decode_responses=False, **sockets, **master)
+            else:
+                self._client = aioredis.Redis.from_url(server_url, decode_responses=False, **sockets)
+        except (ValueError, ConfigError) as exc:
             raise EndpointConfigError(f"invalid Redis URL {self.safe_url!r}: {exc}") from exc
 
     def _stream_of(self, n: Notification) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
+from ..backends.urls import REDIS_SCHEMES
 from ..errors import ConfigError
 from .api import LeaseBackend
 from .elector import LeaderElector
@@ -31,12 +32,12 @@ def open_lease(url: str, name: str, timeout: float, prefix: str = "dfpubsub") ->
             from .etcd import EtcdLease
 
         return EtcdLease(url, name, timeout, prefix)
-    if scheme in ("redis", "rediss"):
+    if scheme in REDIS_SCHEMES:
         with needs_extra("the Redis leader lease"):
             from .redis import RedisLease
 
         return RedisLease(url, name, timeout, prefix)
-    raise ConfigError(f"unknown leader lease URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
+    raise ConfigError(f"unknown leader lease URL {url!r}; use sqlite:///path, etcd://host:port, redis://host:port/db or redis+sentinel://host:port[,host:port]/master/db")
 
 
 def default_identity() -> str:

@@ -9,9 +9,12 @@ the value), so a token is never spent on a lease not taken, and no two
 holders ever see the same one.
 
 The counter must outlive a Redis restart for tokens to keep growing: run the
-Redis that holds leases with persistence (``appendonly yes``), and know that an
-asynchronous replica promoted after a failover may have missed the last
-acquisitions (docs/leader.md).
+Redis that holds leases with persistence (``appendonly yes``). A replica promoted
+by a failover may have missed the last acquisitions (replication is
+asynchronous), so tokens never go backwards by another way: the first connection
+to a server that took over (:data:`~dfpubsub.backends.redis.TAKEOVER`) moves the
+counter ``TAKEOVER_JUMP`` ahead, past every token the old master can have given
+(docs/leader.md).
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ from typing import Any
 import redis
 
 from ..backends.foreign import skip
-from ..backends.redis import ProcessClient, Script, Scripts, open_client, redacted, redis_errors
+from ..backends.redis import (
+    TAKEOVER,
+    TAKEOVER_JUMP,
+    ProcessClient,
+    Script,
+    open_client,
+    redacted,
+    redis_errors,
+    scripts_of,
+)
 from ..errors import ForeignRecord
 from .api import Holder
 
@@ -46,6 +58,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# Run on each new connection (TAKEOVER). KEYS: epoch, counter. ARGV: jump.
+_TAKEOVER = TAKEOVER.format(move="if redis.call('EXISTS', KEYS[2]) == 1 then redis.pcall('INCRBY', KEYS[2], JUMP) end")
+
 
 class RedisLease:
     """The lease ``name`` in the Redis of ``url``, under ``prefix``."""
@@ -60,10 +75,10 @@ class RedisLease:
         self._client: ProcessClient[tuple[redis.Redis, dict[str, Script]]] = ProcessClient(
             lambda: self._connect(url, timeout), lambda c: c[0].close())
 
-    @staticmethod
-    def _connect(url: str, timeout: float) -> tuple[redis.Redis, dict[str, Script]]:
-        r = open_client(url, timeout, "leader lease")
-        scripts = Scripts(r)
+    def _connect(self, url: str, timeout: float) -> tuple[redis.Redis, dict[str, Script]]:
+        r = open_client(url, timeout, "leader lease",
+                        on_connect=(_TAKEOVER, [f"{self._key}:epoch", self._keys[1]], [TAKEOVER_JUMP]))
+        scripts = scripts_of(r, timeout)
         return r, {"acquire": scripts.register(_ACQUIRE), "renew": scripts.register(_RENEW),
                    "release": scripts.register(_RELEASE)}
 

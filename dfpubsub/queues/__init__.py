@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
 from ..backends.sqlite import sqlite_path
+from ..backends.urls import REDIS_SCHEMES
 from ..errors import ConfigError
 from .api import (
     DEFAULT_MAX_BYTES,
@@ -57,7 +58,7 @@ def open_queues(url: str, **options: Any) -> QueueStore:
         from .sqlite import SqliteQueues
 
         return SqliteQueues(sqlite_path(url), **options)
-    if scheme == "redis":
+    if scheme in REDIS_SCHEMES:
         with needs_extra("the Redis queues"):
             from .redis import RedisQueues
 
@@ -67,4 +68,4 @@ def open_queues(url: str, **options: Any) -> QueueStore:
             from .etcd import EtcdQueues
 
         return EtcdQueues(url, **options)
-    raise ConfigError(f"unknown queues URL {url!r}; use sqlite:///path, redis://host:port/db or etcd://host:port")
+    raise ConfigError(f"unknown queues URL {url!r}; use sqlite:///path, redis://host:port/db, redis+sentinel://host:port[,host:port]/master/db or etcd://host:port")

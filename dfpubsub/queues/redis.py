@@ -12,6 +12,11 @@ Layout under ``{prefix}:q:``:
   id ``s-0``, with fields ``t`` (enqueued at) and ``d`` (the data).
 - ``d:{name}``: a hash of dead letters, marker -> msgpack ``[data, reason, at]``.
 - ``rec:{kind}``: a hash of records, name -> data.
+- ``epoch``: the replication id of the server that last handed out reservation ids and
+  sequences. When another server takes over (a replica promoted by a failover, a restarted
+  server), the first connection to it moves ``rid`` and every queue's ``seq`` ``TAKEOVER_JUMP``
+  ahead (``_TAKEOVER``): a reservation id or marker the old master gave out is never given
+  out again, so a commit or ``remove(up_to)`` made with one cannot touch a newer entry.
 
 Entries are counted by the stream's length and reservations by the sorted
 set's; ``bytes`` and ``reserved_bytes`` change in the script that adds or
@@ -32,7 +37,17 @@ import msgpack
 import redis
 
 from ..backends import foreign
-from ..backends.redis import ProcessClient, Script, Scripts, open_client, redacted, redis_errors, server_location
+from ..backends.redis import (
+    TAKEOVER,
+    TAKEOVER_JUMP,
+    ProcessClient,
+    Script,
+    open_client,
+    redacted,
+    redis_errors,
+    scripts_of,
+    server_location,
+)
 from ..errors import ConfigError, ForeignRecord, QueueFull, QueueNotFound, ReservationNotFound
 from ..store.outbox import MAX_PREFIX_BYTES, Outbox, RedisOutbox
 from .api import Aside, DeadLetter, QueueEntry, QueueInfo, QueueStats, QueueStore, marker
@@ -369,6 +384,15 @@ end
 #: Queues whose keys a RedisQueues keeps formatted for the outbox, before it starts again.
 _KEYS_KEPT = 4096
 
+# Run on each new connection (TAKEOVER). KEYS: epoch, rid counter, registry. ARGV: jump, meta key prefix.
+_TAKEOVER = TAKEOVER.format(move="""
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.pcall('INCRBY', KEYS[2], JUMP) end
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local meta = ARGV[2] .. name
+  if redis.pcall('HEXISTS', meta, 'seq') == 1 then redis.pcall('HINCRBY', meta, 'seq', JUMP) end
+end
+""")
+
 _SCRIPTS = {
     "reserve": _RESERVE, "commit": _COMMIT, "abort": _ABORT, "list": _LIST, "remove": _REMOVE, "remove_ids": _REMOVE_IDS,
     "stats": _STATS,
@@ -465,9 +489,10 @@ class RedisQueues(QueueStore):
         return keys
 
     def _new_client(self) -> _Client:
-        r = open_client(self.url, self.timeout, "queues")
-        scripts = Scripts(r)
-        return _Client(r, {name: scripts.register(src) for name, src in _SCRIPTS.items()})
+        takeover = (_TAKEOVER, [self._ns + "epoch", self._rid, self._registry], [TAKEOVER_JUMP, self._ns + "m:"])
+        r = open_client(self.url, self.timeout, "queues", on_connect=takeover)
+        scripts = scripts_of(r, self.timeout)
+        return _Client(r, {name: scripts.register(src, readonly=name == "list") for name, src in _SCRIPTS.items()})
 
     def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
         return redis_errors(f"Redis queues at {self._where} ({what})")

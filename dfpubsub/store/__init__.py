@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
 from ..backends.sqlite import require_sqlite_file, sqlite_path
-from ..backends.urls import redacted
+from ..backends.urls import REDIS_SCHEMES, redacted
 from ..errors import ConfigError, StoreMissing
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 from .feed import FeedEntry, FeedReader, FeedRetention
@@ -55,12 +55,12 @@ def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
             from .etcd import EtcdStore
 
         return EtcdStore(url, tables, **options)
-    if scheme == "redis":
+    if scheme in REDIS_SCHEMES:
         with needs_extra("the Redis store"):
             from .redis import RedisStore
 
         return RedisStore(url, tables, **options)
-    raise ConfigError(f"unknown store URL {url!r}; use sqlite:///path, etcd://host:port or redis://host:port/db")
+    raise ConfigError(f"unknown store URL {url!r}; use sqlite:///path, etcd://host:port, redis://host:port/db or redis+sentinel://host:port[,host:port]/master/db")
 
 
 def open_store_from_settings(settings: Settings, create: bool = False) -> Store:

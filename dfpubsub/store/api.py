@@ -229,6 +229,19 @@ class Store(abc.ABC):
         (None on a store no writer of this version has written to yet)."""
         return self.feed_head()
 
+    def feed_since(self, after: int) -> tuple[int, int]:
+        """The store's revision now and how many revisions the feed holds after ``after`` up to it
+        (where every revision is an entry, :attr:`feed_dense`, the entries a replay would read; 0
+        if ``after`` is above the head).
+
+        :class:`~dfpubsub.errors.HistoryRewound` if ``after`` lies among revisions the server
+        that holds the store now never had: a Redis replica promoted by a failover, or a server
+        restarted without its last writes, moves its revisions past those of the old master
+        (store.md#failover), and a reader between the two had read writes that are lost.
+        """
+        head = self.feed_head()
+        return head, max(0, head - after)
+
     def read_feed(self, after: int, limit: int = DEFAULT_BATCH) -> builtins.list[FeedEntry]:
         """Up to ``limit`` feed entries with revisions above ``after``, oldest first, without waiting.
 

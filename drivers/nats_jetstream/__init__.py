@@ -5,8 +5,17 @@ Layout. Every envelope is one message in a JetStream stream of the driver's own
 topic is the last token, ``{prefix}.ps.{topic}`` (bytes a subject token cannot
 hold written ``~XX``), the control topic ``{prefix}.ps.$ctl``. The stream is
 created at start with the configured limits (``max_age``, ``max_msgs``,
-``max_bytes``, ``duplicate_window``) or, if it exists, checked to hold exactly
-those subjects; the limits of an existing stream are left to its operator.
+``max_bytes``, ``duplicate_window``) and ``num_replicas`` (by default 3 on a
+cluster of three servers or more, which keeps it through the loss of one) or, if
+it exists, checked to hold exactly those subjects; the limits of an existing
+stream are left to its operator.
+
+Clusters. The URL may name several servers; the client connects to one and moves
+to another when it is lost. A publish whose acknowledgement does not come (a
+stream leader that died or stepped down) is sent again with the same
+``Nats-Msg-Id`` until ``timeout``, which must be shorter than the duplicate
+window. A pull answered ``409 Leadership Change`` (the consumer's leader moved)
+is simply asked again.
 
 Publishing. ``send`` hands the envelope over and returns; up to ``max_inflight``
 await their acknowledgement at once, in order. An event envelope carries ``Nats-Msg-Id: {publisher id}:{first sequence}:{topic}``, so the
@@ -67,6 +76,9 @@ class NatsOptions(BaseModel):
     max_msgs: int = Field(1_000_000, ge=-1, description="Stream limit: messages (envelopes) kept (-1: no limit).")
     max_bytes: int = Field(1 << 30, ge=-1, description="Stream limit: bytes kept (-1: no limit).")
     duplicate_window: float = Field(120.0, gt=0, description="Seconds the stream remembers message ids to drop retries.")
+    num_replicas: int = Field(
+        0, ge=0, le=5, description="Servers that hold a new stream (R1, R3, R5); 0: 3 when the cluster has at least "
+        "3 servers (those the URL names, or the cluster tells the client of), else 1.")
     timeout: float = Field(5.0, gt=0, description="Connect timeout and longest a publish retries, seconds.")
     ack_timeout: float = Field(1.0, gt=0, description="Wait for one publish acknowledgement before sending again, seconds.")
     max_inflight: int = Field(256, ge=1, description="Envelopes a publisher has sent and awaits acknowledgements of, at most.")
@@ -86,12 +98,16 @@ class NatsOptions(BaseModel):
             raise ValueError("ack_timeout must be at most timeout")
         if self.pull_expires >= self.consumer_inactive_threshold:
             raise ValueError("pull_expires must be shorter than consumer_inactive_threshold")
+        if self.timeout >= self.duplicate_window:
+            raise ValueError("timeout must be shorter than duplicate_window: a publish retried after it would be "
+                             "stored twice")
         return self
 
-    def stream_limits(self) -> dict[str, Any]:
-        """The stream's limits as nats-py's StreamConfig fields."""
+    def stream_limits(self, cluster: int = 1) -> dict[str, Any]:
+        """The stream's limits as nats-py's StreamConfig fields, for a cluster of ``cluster`` servers."""
+        replicas = self.num_replicas or (3 if cluster >= 3 else 1)
         return {"max_age": self.max_age, "max_msgs": self.max_msgs, "max_bytes": self.max_bytes,
-                "duplicate_window": self.duplicate_window}
+                "duplicate_window": self.duplicate_window, "num_replicas": replicas}
 
 
 class NatsJetStreamDriver(Driver):

@@ -28,7 +28,7 @@ from dfpubsub.backends.access import nats_access
 from dfpubsub.errors import ClosedError, ConfigError, TransportError
 from dfpubsub.logs import RateLimitedLog
 
-__all__ = ["Connection", "parse_servers", "public_url"]
+__all__ = ["Connection", "cluster_size", "ensure_stream", "parse_servers", "public_url"]
 
 T = TypeVar("T")
 _SCHEMES = ("nats", "tls")
@@ -176,6 +176,13 @@ class Connection:
         self._thread.join(self.timeout)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+def cluster_size(nc: Client, servers: list[str]) -> int:
+    """How many servers the cluster has, as far as the client knows: those the URL names, or those
+    in the client's pool (the URL's and those the cluster told it of), whichever is more."""
+    pool = {(uri.hostname, uri.port) for uri in nc.servers}
+    return max(len(servers), len(pool))
 
 
 async def ensure_stream(js: JetStreamContext, name: str, subjects: str, limits: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.retry import Backoff
 from dfpubsub.transport import PublisherTransport
 
-from .connection import Connection, ensure_stream
+from .connection import Connection, cluster_size, ensure_stream
 from .layout import msg_id, subject_of
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class NatsPublisher(PublisherTransport):
         raise TransportError(error)
 
     async def _ensure_stream(self, js: JetStreamContext) -> None:
-        await ensure_stream(js, self._opts.stream, self._root + ">", self._opts.stream_limits())
+        await ensure_stream(js, self._opts.stream, self._root + ">", self._opts.stream_limits(cluster_size(self._conn.nc(), self._conn.servers)))
         self._stream_ok = True
 
     def _start(self, subject: str, frame: bytes, headers: dict[str, Any] | None) -> None:

@@ -3,8 +3,9 @@
 nats-py's ``fetch`` holds the messages of a lingering request until its batch is
 full or it expires, which would add up to the expiry to every event's latency
 when traffic is light. Here each message is handed on as it arrives, a request
-ends with its batch or with the server's status (404/408: nothing more; 409:
-the consumer is gone or refused), and the next is sent only while the inbox has
+ends with its batch or with the server's status (404/408: nothing more; 409
+Leadership Change: the consumer's leader moved, ask again; any other 409: the
+consumer is gone or refused), and the next is sent only while the inbox has
 room, so a stalled subscriber leaves the messages in the stream.
 """
 
@@ -80,9 +81,12 @@ class Pull:
         if status:
             if status == "100":  # heartbeat
                 return
-            if status.startswith("409"):
-                self._error = f"{status} {headers.get('Description', '') if headers else ''}".strip()
-            self._done.set()  # 404 no messages, 408 expired: the request is over
+            why = headers.get("Description", "") if headers else ""
+            # 409 Leadership Change: the consumer's leader moved (a server died or stepped down);
+            # the consumer is there, and the next request goes to its new leader.
+            if status.startswith("409") and "leadership change" not in why.lower():
+                self._error = f"{status} {why}".strip()
+            self._done.set()  # 404 no messages, 408 expired, 409 leadership change: the request is over
             return
         if not msg.reply:
             return

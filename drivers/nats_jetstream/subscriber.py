@@ -22,7 +22,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.retry import Backoff
 from dfpubsub.transport import SubscriberTransport
 
-from .connection import Connection, ensure_stream
+from .connection import Connection, cluster_size, ensure_stream
 from .layout import subject_of, topic_of
 from .position import Position, PositionFile
 from .pull import Pull
@@ -150,7 +150,7 @@ class NatsSubscriber(SubscriberTransport):
     # -- the reader (connection loop) ---------------------------------------------------------
 
     async def _stream_state(self, js: JetStreamContext) -> _StreamState:
-        await ensure_stream(js, self._opts.stream, self._root + ">", self._opts.stream_limits())
+        await ensure_stream(js, self._opts.stream, self._root + ">", self._opts.stream_limits(cluster_size(self._conn.nc(), self._conn.servers)))
         info = await js.stream_info(self._opts.stream)
         return _StreamState(info.state.last_seq, str(info.created or ""))
 

@@ -18,13 +18,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from dfpubsub.backends.access import redis_access
+from dfpubsub.backends.redis import sentinel_pool
+from dfpubsub.backends.urls import SENTINEL_SCHEMES
 from dfpubsub.errors import ConfigError
 from dfpubsub.logs import RateLimitedLog
 from dfpubsub.retry import Backoff
 
 log = logging.getLogger(__package__)  # one logger for the whole driver, as before the split
 
-_SCHEMES = ("redis://", "rediss://", "unix://")
+_SCHEMES = ("redis://", "rediss://", "unix://", *(f"{scheme}://" for scheme in SENTINEL_SCHEMES))
 _DISCONNECTED = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
 
 # KEYS: streams. Per key: {last-generated-id, entries-added (-1 before Redis 7), length, first id};
@@ -63,7 +65,11 @@ def _public_url(url: str) -> str:
 
 
 def _make_pool(url: str, timeout: float) -> redis.ConnectionPool:
-    """A pool for ``url`` that never retries on its own; raises ConfigError for a bad URL."""
+    """A pool for ``url`` that never retries on its own; raises ConfigError for a bad URL. Through
+    Sentinel (``redis+sentinel://``) each connection asks the sentinels for the master as it
+    connects, so the transports' reconnection after a failure follows a failover."""
+    if url.startswith(tuple(f"{scheme}://" for scheme in SENTINEL_SCHEMES)):
+        return sentinel_pool(url, timeout, protocol=2)
     target, access = redis_access().connect_args(url)  # [redis]: user and TLS over the URL's
     try:
         return redis.ConnectionPool.from_url(

@@ -72,7 +72,7 @@ def feed_off(store: Store, url: str) -> Store:
             c = off._new_client()  # type: ignore[attr-defined]  # noqa: SLF001
             s = c.scripts
             return plain(c.r, s, s.register(redis_store._CREATE), s.register(redis_store._UPDATE),  # noqa: SLF001
-                         s.register(redis_store._DELETE), c.fetch, c.versions, c.feed)  # noqa: SLF001
+                         s.register(redis_store._DELETE), c.fetch, c.versions, c.feed, c.since)  # noqa: SLF001
 
         off._client._factory = unwrapped  # type: ignore[attr-defined]  # noqa: SLF001
         off._client.close()  # type: ignore[attr-defined]  # noqa: SLF001 - the next call builds an unwrapped one

@@ -59,7 +59,8 @@ def _options(
         "--config", metavar="FILE", help="TOML config file, as the daemons read it (default: $DFPUBSUB_CONFIG).")
     ] = None,
     store: Annotated[str | None, typer.Option(
-        "--store", metavar="URL", help="Store URL; overrides store.url (sqlite:///path, etcd://h:p, redis://h:p/db).")
+        "--store", metavar="URL", help="Store URL; overrides store.url (sqlite:///path, etcd://h:p, redis://h:p/db, "
+                                    "redis+sentinel://h:p[,h:p]/master/db).")
     ] = None,
     queues: Annotated[str | None, typer.Option(
         "--queues", metavar="URL", help="Notification queues URL (default: the store's URL).")] = None,

@@ -1,14 +1,17 @@
 """Redis-specific behaviour of RedisStore, each test on a redis-server of its own."""
 
 import multiprocessing
+import socket
 import threading
 import time
 
 import pytest
 import redis
 
-from dfpubsub.errors import StoreUnavailable
+from dfpubsub.backends import access
+from dfpubsub.errors import NotEnoughReplicas, StoreUnavailable, WriteOutcomeUnknown
 from dfpubsub.store.redis import RedisStore
+from dfpubsub.testing.servers import RedisServer
 
 TABLES = ["port", "network"]
 
@@ -81,8 +84,9 @@ def test_drop_all_keeps_the_version_counter_and_only_its_prefix(redis_server, ra
     kept = other.create("port", "kept", 1)
     assert store.drop_all() == 1501  # every object under the prefix, declared tables or not
     assert store.list() == [] and wide.list() == []
-    # The counter stays (versions never go back) and so does the change feed's history.
-    assert sorted(raw.keys("a\\*b:nb:*")) == [b"a*b:nb:feed", b"a*b:nb:rev"]
+    # The counter stays (versions never go back) and so does the change feed's history, with the
+    # server's replication id its first connection noted (dfpubsub.backends.redis.TAKEOVER).
+    assert sorted(raw.keys("a\\*b:nb:*")) == [b"a*b:nb:epoch", b"a*b:nb:feed", b"a*b:nb:rev"]
     assert store.create("port", "k0", "back").version > last  # versions never go back
     assert other.get("port", "kept") == kept
     for s in (wide, store, other):
@@ -136,3 +140,72 @@ def test_threads_share_one_store(redis_server):
     versions = [o.version for o in store.list("port")]
     assert len(versions) == 200 and len(set(versions)) == 200
     store.close()
+
+
+def test_a_write_refused_for_want_of_replicas_is_not_made_and_says_so(redis_server, raw):
+    store = RedisStore(redis_server.url, TABLES, prefix="norepl")
+    store.create("port", "a", 1)
+    raw.config_set("min-replicas-to-write", 1)  # and no replica: NOREPLICAS
+    try:
+        with pytest.raises(NotEnoughReplicas, match="NOREPLICAS"):
+            store.update("port", "a", 2)
+    finally:
+        raw.config_set("min-replicas-to-write", 0)
+    assert store.get("port", "a").value == 1  # refused, not made: unlike WriteOutcomeUnknown
+    store.close()
+
+
+def test_a_write_no_replica_acknowledged_in_time_is_outcome_unknown(redis_server, redis_settings):
+    access.configure(redis=access.RedisAccess(wait_replicas=1, wait_timeout=0.2))
+    store = RedisStore(redis_server.url, TABLES, prefix="wait")
+    started = time.monotonic()
+    with pytest.raises(WriteOutcomeUnknown, match="0 of 1 replicas"):
+        store.create("port", "a", 1)
+    assert time.monotonic() - started >= 0.2
+    assert store.get("port", "a").value == 1  # made on the master, which a failover could still lose
+    store.close()
+
+
+def test_something_else_answering_on_the_address_is_unavailable_not_a_store_error():
+    """A port that answers with no Redis reply (an HTTP server got it): the connection is dropped
+    as a broken one, and the store says unavailable, as for a server that is gone."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", TABLES, prefix="http", timeout=1.0)
+    try:
+        with pytest.raises(StoreUnavailable, match="InvalidResponse"):
+            store.get("port", "a")
+        with pytest.raises(StoreUnavailable, match="InvalidResponse"):
+            store.create("port", "a", 1)
+    finally:
+        store.close()
+        listener.close()
+
+
+def test_a_user_without_info_works_without_the_takeover_check(tmp_path):
+    """The takeover check (dfpubsub.backends.redis.TAKEOVER) reads INFO on each new connection;
+    an ACL user denied it still connects and writes (the check then protects nothing)."""
+    server = RedisServer(tmp_path / "redis", users=("bob on >pw ~* &* +@all -info",)).start()
+    try:
+        store = RedisStore(f"redis://bob:pw@127.0.0.1:{server.port}/0", TABLES, prefix="noinfo")
+        store.initialize()
+        assert store.create("port", "a", 1).version == 1
+        assert store.get("port", "a").value == 1
+        raw = redis.Redis(port=server.port, username="bob", password="pw")
+        assert raw.get("noinfo:nb:epoch") is None  # never checked
+        raw.close()
+        store.close()
+    finally:
+        server.kill()
