@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         reconcilers={t: reconciler for t in settings.store.tables},
         runtime=ControllerOptions.from_settings(settings.controller),
         feeds=feeds,
+        state_dir=settings.controller.state_dir or None,
     )
     reconciler.controller = controller
     discovery = connector = None
