@@ -429,10 +429,11 @@ class Controller:
             self._resync(topics)
 
     def _resync(self, topics: set[str]) -> None:
-        if self.snapshots is not None and self.snapshots.pending:
-            self.snapshots.verify()
         with self._causes_lock:
             causes = set().union(*(self._causes.pop(t, ()) for t in topics))
+        if self.snapshots is not None and self.snapshots.pending:
+            self.snapshots.verify()
+            causes.add("first_sync")  # a resumed start's replay is its first sync
         cause = next((c for c in _PRIORITY if c in causes), "manual")
         if self.bootstrap is not None and topics - self._listed:
             truth = self._list(topics)
