@@ -344,6 +344,7 @@ class Snapshots:
             "format": FORMAT, "controller": host.name, "written_at": written_at, "store": store_name(identity),
             "topics": sorted(host.subscriber.topics), "transforms": self.fingerprint, "positions": positions,
             "witness": witness, "objects": sum(map(len, tables.values())),
+            "tombstones": sum(map(len, tombs.values())),
             "touched": [list(i) for i in touched | recent],
             "gone": [[o.topic, o.table, o.key, o.version, msgpack.packb(o.value)] for o in gone],
         }

@@ -8,15 +8,17 @@ by a wrapper around the controller's own store handle (the objects its reads ret
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 
 import pytest
 
-from dfpubsub.controller.snapfile import FILE
+from dfpubsub.controller.snapfile import FILE, store_name
 from dfpubsub.store import open_store
 from tests.functional.controller_helpers import TABLES
+from tests.functional.df_db_helpers import base_env, df_db, ok
 from tests.functional.replay_helpers import Backend, populate
 from tests.functional.warm_helpers import Run, cache_state, rewrite, starts, store_state
 
@@ -238,3 +240,35 @@ def _sqlite_copy(source, target):
     """A consistent copy of a live SQLite file (its WAL included), as a backup tool makes one."""
     with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
         src.backup(dst)
+
+
+def test_the_store_identity_is_kept_across_handles_and_drop_all_and_renewed_on_demand(backend, store):
+    first = store.identity()
+    other = backend.open()
+    try:
+        assert other.identity() == first and len(first) == 16
+        store.drop_all()
+        assert other.identity() == first
+        renewed = other.identity(renew=True)
+        assert renewed != first and store.identity() == renewed
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_df_db_init_shows_the_identity_and_controller_state_whether_a_start_would_resume(backend, store, tmp_path,
+                                                                                         request):
+    env = base_env(DFPUBSUB_STORE__URL=backend.url, DFPUBSUB_STORE__TABLES=",".join(TABLES))
+    made = ok(env, "init")
+    assert made["identity"] == store_name(store.identity())
+    name = f"state-{request.node.callspec.id}"
+    _first_run(store, tmp_path / "state", name)
+    doc = ok(env, "controller-state", str(tmp_path / "state"))
+    assert doc["would_resume"] is True and doc["objects"] == N + 20 and doc["store"] == made["identity"]
+    assert set(doc["positions"]) == set(TABLES)
+    renewed = ok(env, "init", "--new-identity")
+    assert renewed["identity"] != made["identity"]
+    out = df_db(env, "-o", "json", "controller-state", str(tmp_path / "state"))
+    assert out.returncode == 1 and json.loads(out.stdout)["reason"] == "other_store"
+    out = df_db(env, "-o", "json", "controller-state", str(tmp_path / "nowhere"))
+    assert out.returncode == 1 and json.loads(out.stdout)["reason"] == "no_snapshot"
