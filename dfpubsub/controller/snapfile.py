@@ -92,6 +92,7 @@ def write_file(directory: str, header: dict[str, Any], chunks: Iterable[list[Any
 
     OSError (a full disk, a read-only directory) leaves the previous file as it was and no
     temporary behind."""
+    os.makedirs(directory, exist_ok=True)  # made again if it was removed
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -69,6 +69,7 @@ from ..store.api import PackedTable, decode_value
 from ..subscriber import Subscriber
 from .cache import Transform, VersionedCache
 from .indexer import Indexer
+from .relist import _gc_paused
 from .snapfile import (
     FORMAT,
     SnapshotFile,
@@ -221,7 +222,8 @@ class Snapshots:
                     # A tombstone blocks older writes: never above what the position proves.
                     tombstones.extend(((table, k), min(int(v), floor)) for k, v in zip(keys, versions))
         try:
-            added = host.cache.fill(parts(), transformed=True) or 0
+            with _gc_paused():  # a million records: as a relist's, out of the young generation's collections
+                added = host.cache.fill(parts(), transformed=True) or 0
             host.cache.correct(set(), [], tombstones)
             touched = {(t, k) for t, k in header.get("touched", ())}
             gone = {(t, k): VersionedObject(topic, t, k, int(v), decode_value(blob))
