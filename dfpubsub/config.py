@@ -222,6 +222,9 @@ class ControllerSettings(_Section):
         "controller was down (docs/controller.md#warm-restarts). Empty: none, every start lists the store.")
     snapshot_interval: float = Field(
         300.0, ge=0, description="With state_dir: seconds between snapshots (0: only at a clean stop).")
+    snapshot_required: bool = Field(
+        False, description="With state_dir: /readyz fails while the last snapshot could not be written (a full or "
+        "read-only state_dir); without it, that is only counted (snapshot_errors) and logged.")
     status_file: str = Field("", description="File rewritten with synced, queue depth and the failed set, for "
                                              "df-db controller-status (empty: none).")
     status_interval: float = Field(5.0, gt=0, description="Seconds between rewrites of status_file.")

@@ -155,9 +155,15 @@ class Snapshots:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._badlog = RateLimitedLog(log)
+        self._problem: str | None = None
         stats = host.stats
         stats.set("snapshot_age_seconds", lambda: 0.0 if self.written_at is None else time.time() - self.written_at)
         stats.set("snapshot_bytes", lambda: float(self.size))
+
+    def problem(self) -> str | None:
+        """Why the last snapshot could not be written (None: it was, or none was due yet): a
+        readiness check for a daemon configured to require snapshots."""
+        return self._problem
 
     @property
     def pending(self) -> bool:
@@ -182,6 +188,7 @@ class Snapshots:
                 log.warning("snapshot not used: %s", exc, extra={"controller": self.host.name, "reason": exc.reason})
         except OSError as exc:  # the directory cannot be made: no warm start, and no snapshot either
             self._rejected = SnapshotRejected("unreadable", f"state_dir {self.directory}: {exc.strerror or exc}")
+            self._problem = str(self._rejected)
             log.warning("snapshot not used: %s", self._rejected, extra={"controller": self.host.name})
         if self.interval > 0:
             self._thread = threading.Thread(target=self._loop, name=f"dfpubsub-snapshot-{self.host.name}",
@@ -339,7 +346,8 @@ class Snapshots:
             witness = witness_of(host.store, min(positions.values(), default=0))
         except (StoreError, NotImplementedError) as exc:
             host.stats.inc("snapshot_errors", reason="store")
-            self._badlog.warning("store", f"snapshot not written: {exc}", controller=host.name)
+            self._problem = f"snapshot not written: {exc}"
+            self._badlog.warning("store", self._problem, controller=host.name)
             return False
         written_at = time.time()
         header = {
@@ -356,9 +364,10 @@ class Snapshots:
         except OSError as exc:
             reason = errno.errorcode.get(exc.errno or 0, "os_error")
             host.stats.inc("snapshot_errors", reason=reason)
-            self._badlog.warning(reason, f"snapshot not written: {exc}", controller=host.name)
+            self._problem = f"snapshot not written to {self.directory}: {exc.strerror or exc}"
+            self._badlog.warning(reason, self._problem, controller=host.name)
             return False
-        self.written_at = written_at
+        self.written_at, self._problem = written_at, None
         host.stats.inc("snapshots_written")
         log.debug("snapshot written", extra={"controller": host.name, "bytes": self.size, "objects": header["objects"],
                                              "seconds": round(time.monotonic() - began, 3)})
