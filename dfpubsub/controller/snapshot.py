@@ -260,6 +260,8 @@ class Snapshots:
             for _, key in host.cache.keys(table):
                 indexer.update(key, None)
         host.cache.clear()
+        if self._snapshot is not None:
+            host._listed.difference_update(self._snapshot.header["positions"])  # a bootstrap may serve again
         host.positions.clear()
         host._proven = {}
         host._touched.clear()

@@ -163,8 +163,10 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
     def pct(xs: list[float], q: float) -> float:
         return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
-    # A start from that snapshot, to synced, against a listing of the same objects.
+    # A start from that snapshot, to synced, against a listing of the same objects (one cache at a time).
     ctl.store.close()
+    size = snaps.size
+    del ctl, snaps, export, latencies
     t0 = time.perf_counter()
     warm = controller(url, str(tmp / "stall-state"), "stall-warm").start()
     warm.synced.wait(600)
@@ -172,6 +174,7 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
     warm_start = warm.snapshots.warm_start if warm.snapshots is not None else None
     warm.stop()
     warm.store.close()
+    del warm
     t0 = time.perf_counter()
     cold = controller(url, None, "stall-cold").start()
     cold.synced.wait(600)
@@ -183,7 +186,7 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
            "lock_ms": round(1000 * max(held, default=0.0), 1), "p50_ms": round(pct(during, 0.5), 3),
            "p99_ms": round(pct(during, 0.99), 2), "max_ms": round(pct(during, 1.0), 2),
            "idle_p99_ms": round(pct(idle, 0.99), 3), "events_during": len(during),
-           "snapshot_bytes": snaps.size, "packed_bytes": packed, "size_ratio": round(snaps.size / max(packed, 1), 3),
+           "snapshot_bytes": size, "packed_bytes": packed, "size_ratio": round(size / max(packed, 1), 3),
            "warm_seconds": round(warm_seconds, 2), "relist_seconds": round(cold_seconds, 2),
            "warm_start": None if warm_start is None else f"{warm_start.result}:{warm_start.reason}",
            "start_ratio": round(warm_seconds / max(cold_seconds, 1e-9), 3)}
