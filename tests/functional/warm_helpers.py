@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import struct
 import uuid
+from contextlib import contextmanager
 
 import msgpack
 
@@ -17,7 +19,7 @@ from dfpubsub.controller.snapshot import WARM_STARTS
 from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
 from tests.functional.controller_helpers import TABLES, Seen
-from tests.functional.replay_helpers import Counted
+from tests.functional.replay_helpers import Counted, populate
 
 
 class Run:
@@ -48,6 +50,28 @@ class Run:
         self.ctrl.stop()
 
 
+@contextmanager
+def populated(backend, n):
+    """A handle on ``backend``'s store holding ``n`` objects of "port" and 20 of "network"."""
+    store = backend.open()
+    try:
+        populate(store, n)
+        yield store
+    finally:
+        store.close()
+
+
+def relisted_over(store, state_dir, name, reason):
+    """Start a controller on ``state_dir``: it must relist for ``reason`` and hold what the store holds."""
+    run = Run(store, state_dir, name)
+    try:
+        assert (run.start.result, run.start.reason) == ("relisted", reason), run.start
+        assert cache_state(run.ctrl) == store_state(store)
+    finally:
+        run.stop()
+    return run
+
+
 def cache_state(ctrl):
     return {(o.table, o.key, o.version, repr(o.value)) for o in ctrl.cache.items()}
 
@@ -69,7 +93,7 @@ def rewrite(state_dir, edit, identity=None):
     path = os.path.join(state_dir, FILE)
     data = open(path, "rb").read()
     prefix, body, old_seal = data[:12], data[12:-72], data[-64:-32]
-    items = list(msgpack.Unpacker(__import__("io").BytesIO(body), raw=False, strict_map_key=False))
+    items = list(msgpack.Unpacker(io.BytesIO(body), raw=False, strict_map_key=False))
     assert items[-1] is None
     header, chunks = items[0], items[1:-1]
     edit(header, chunks)

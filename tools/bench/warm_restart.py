@@ -127,9 +127,8 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
     latencies: list[tuple[float, float]] = []  # (when, seconds)
     stop = threading.Event()
 
-    def events() -> None:
+    def events(apply: Any) -> None:
         i = 0
-        apply = ctl.cache.apply
         while not stop.is_set():
             event = Event(TABLE, TABLE, key_of(i % objects), Action.UPDATE, head + 1 + i, port_value(i, gen=1))
             t = time.perf_counter()
@@ -138,7 +137,7 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
             i += 1
             time.sleep(0.0002)
 
-    applier = threading.Thread(target=events, daemon=True)
+    applier = threading.Thread(target=events, args=(ctl.cache.apply,), daemon=True)
     applier.start()
     time.sleep(1.0)
     began = time.perf_counter()
@@ -154,6 +153,7 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
     ctl.cache.export = timed_export  # type: ignore[method-assign]  # the time the lock is held
     ok = snaps.write()
     ended = time.perf_counter()
+    del ctl.cache.export  # the class's again
     time.sleep(0.5)
     stop.set()
     applier.join()
@@ -166,7 +166,7 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
     # A start from that snapshot, to synced, against a listing of the same objects (one cache at a time).
     ctl.store.close()
     size = snaps.size
-    del ctl, snaps, export, latencies
+    del ctl, snaps, timed_export
     t0 = time.perf_counter()
     warm = controller(url, str(tmp / "stall-state"), "stall-warm").start()
     warm.synced.wait(600)

@@ -20,8 +20,8 @@ import pytest
 
 from dfpubsub.controller.snapfile import FILE, TEMP_PREFIX, read_file
 from tests.conftest import wait_for
-from tests.functional.replay_helpers import Backend, populate
-from tests.functional.warm_helpers import Run, cache_state, store_state
+from tests.functional.replay_helpers import Backend
+from tests.functional.warm_helpers import Run, cache_state, populated, store_state
 
 N = 5000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -34,10 +34,8 @@ def backend(tmp_path):
 
 @pytest.fixture
 def store(backend):
-    s = backend.open()
-    populate(s, N)
-    yield s
-    s.close()
+    with populated(backend, N) as s:
+        yield s
 
 
 def _child(backend, state_dir, interval, fsize=None):

@@ -19,8 +19,8 @@ from dfpubsub.controller.snapfile import FILE, store_name
 from dfpubsub.store import open_store
 from tests.functional.controller_helpers import TABLES
 from tests.functional.df_db_helpers import base_env, df_db, ok
-from tests.functional.replay_helpers import Backend, populate
-from tests.functional.warm_helpers import Run, cache_state, rewrite, starts, store_state
+from tests.functional.replay_helpers import Backend
+from tests.functional.warm_helpers import Run, cache_state, populated, relisted_over, rewrite, starts, store_state
 
 N = 2000
 
@@ -32,10 +32,8 @@ def backend(request, tmp_path):
 
 @pytest.fixture
 def store(backend):
-    s = backend.open()
-    populate(s, N)
-    yield s
-    s.close()
+    with populated(backend, N) as s:
+        yield s
 
 
 def _first_run(store, state_dir, name):
@@ -98,13 +96,8 @@ def test_a_damaged_snapshot_is_relisted_over_with_its_reason(backend, store, tmp
     _first_run(store, tmp_path / "state", name)
     store.update("port", "k1", {"after": 1})
     damage(str(tmp_path / "state" / FILE))
-    run = Run(store, tmp_path / "state", name)
-    try:
-        assert (run.start.result, run.start.reason) == ("relisted", reason)
-        assert cache_state(run.ctrl) == store_state(store)
-        assert starts(name, "relisted", reason) == 1 + (reason == "no_snapshot")
-    finally:
-        run.stop()
+    relisted_over(store, tmp_path / "state", name, reason)
+    assert starts(name, "relisted", reason) == 1 + (reason == "no_snapshot")
 
 
 def _flip(path, offset):
@@ -145,12 +138,7 @@ def test_a_snapshot_of_another_store_is_relisted_over(backend, store, tmp_path, 
     name = f"another-{request.node.callspec.id}"
     _first_run(store, tmp_path / "state", name)
     store.identity(renew=True)
-    run = Run(store, tmp_path / "state", name)
-    try:
-        assert (run.start.result, run.start.reason) == ("relisted", "other_store")
-        assert cache_state(run.ctrl) == store_state(store)
-    finally:
-        run.stop()
+    relisted_over(store, tmp_path / "state", name, "other_store")
 
 
 def test_an_edited_snapshot_cannot_make_the_cache_wrong(backend, store, tmp_path, request):
@@ -174,10 +162,7 @@ def test_an_edited_snapshot_cannot_make_the_cache_wrong(backend, store, tmp_path
         blobs.append(b"\x81\xa6forged\xc3")
 
     rewrite(state_dir, forge)
-    run = Run(store, state_dir, name)
-    assert (run.start.result, run.start.reason) == ("relisted", "bad_seal")
-    assert cache_state(run.ctrl) == store_state(store)
-    run.stop()
+    relisted_over(store, state_dir, name, "bad_seal")
     rewrite(state_dir, forge, identity=store.identity())
     store.delete("port", "k8")
     run = Run(store, state_dir, name)
@@ -201,12 +186,7 @@ def test_a_snapshot_older_than_the_feeds_history_is_relisted_over(backend, store
         backend.compact_history(trimmed)
     finally:
         trimmed.close()
-    run = Run(store, tmp_path / "state", name)
-    try:
-        assert (run.start.result, run.start.reason) == ("relisted", "history_gone"), run.start
-        assert cache_state(run.ctrl) == store_state(store)
-    finally:
-        run.stop()
+    relisted_over(store, tmp_path / "state", name, "history_gone")
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -226,12 +206,7 @@ def test_a_store_restored_from_an_older_backup_is_relisted_over(backend, store, 
     try:
         for i in range(40):  # past the snapshot's position, other writes
             restored.update("port", f"k{100 + i}", {"after-restore": i})
-        run = Run(restored, tmp_path / "state", name)
-        try:
-            assert (run.start.result, run.start.reason) == ("relisted", "history_rewound"), run.start
-            assert cache_state(run.ctrl) == store_state(restored)
-        finally:
-            run.stop()
+        relisted_over(restored, tmp_path / "state", name, "history_rewound")
     finally:
         restored.close()
 
