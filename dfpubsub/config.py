@@ -216,6 +216,15 @@ class ControllerSettings(_Section):
         4096, ge=0, le=1 << 22, description="Objects the cache keeps decoded besides packed: the last ones written, "
         "which reconcilers read next (0: decode every read).",
     )
+    state_dir: str = Field(
+        "", description="Directory of the controller's snapshot (its cache, positions and tombstones), written every "
+        "snapshot_interval and at a clean stop; a start resumes from it and reads only what changed while the "
+        "controller was down (docs/controller.md#warm-restarts). Empty: none, every start lists the store.")
+    snapshot_interval: float = Field(
+        300.0, ge=0, description="With state_dir: seconds between snapshots (0: only at a clean stop).")
+    snapshot_required: bool = Field(
+        False, description="With state_dir: /readyz fails while the last snapshot could not be written (a full or "
+        "read-only state_dir); without it, that is only counted (snapshot_errors) and logged.")
     status_file: str = Field("", description="File rewritten with synced, queue depth and the failed set, for "
                                              "df-db controller-status (empty: none).")
     status_interval: float = Field(5.0, gt=0, description="Seconds between rewrites of status_file.")

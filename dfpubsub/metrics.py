@@ -73,6 +73,9 @@ COUNTERS: dict[str, str] = {
                          "(ahead_of_store: a bookmark named a revision the store had not reached).",
     "checkpoint_proofs": "Checkpoints that proved positions moved by bookmarks with one read of the store's head "
                          "instead of a replay.",
+    "snapshots_written": "Snapshots a controller with a state_dir wrote (docs/controller.md#warm-restarts).",
+    "snapshot_errors": "Snapshots a controller could not write, by reason (ENOSPC, EROFS, EACCES, EFBIG, ...: the "
+                       "errno; store: its identity or feed unreadable); the last good one stays.",
     "leader_transitions": "Times this process started or stopped leading, by reason (acquired, released, "
                           "lost, expired).",
     "leader_errors": "Lease calls (acquire, renew, release) that failed: the backend down, slow or refusing.",
@@ -122,6 +125,8 @@ GAUGES: dict[str, str] = {
     "cache_tombstones": "Tombstones (deleted objects remembered for the tombstone horizon) in a controller's cache, "
                         "per table.",
     "cache_transform_errors": "Values a controller's cache transform raised on, cached whole.",
+    "snapshot_age_seconds": "Seconds since a controller with a state_dir last wrote its snapshot (0: none yet).",
+    "snapshot_bytes": "Size of the snapshot a controller last wrote.",
 }
 
 _SUBSCRIBER = ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled", "streams_rebased",

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         reconcilers={t: reconciler for t in settings.store.tables},
         runtime=ControllerOptions.from_settings(settings.controller),
         feeds=feeds,
+        state_dir=settings.controller.state_dir or None,
     )
     reconciler.controller = controller
     discovery = connector = None
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     health.synced = controller.synced
     health.threads("threads", lambda: controller.threads)
     health.polled("store", lambda: _ping(store), interval=2.0, timeout=10.0)
+    if settings.controller.snapshot_required and controller.snapshots is not None:
+        health.readiness("snapshot", controller.snapshots.problem)
     leadership = daemon.lead()
     if leadership is None:  # a standby stopped before it led
         if connector is not None:

@@ -263,21 +263,46 @@ class VersionedCache:
                         changes.append(_new(Change, (_DELETE, *obj[:4], None, obj)))
         return changes
 
-    def fill(self, tables: Iterable[PackedTable]) -> int | None:
+    def fill(self, tables: Iterable[PackedTable], transformed: bool = False) -> int | None:
         """A first sync that builds no :class:`Change`, for a caller nobody hands them to (a
         controller without reconcilers, indexes nor ``on_reconciled``): a full listing, by table
         and column (:meth:`Store.list_packed_tables_at`), into an empty cache. Returns how many
         objects it added (each a create), or None, and does nothing, when the cache holds anything,
-        tombstones included: then :meth:`reconcile` a listing."""
+        tombstones included: then :meth:`reconcile` a listing. ``transformed``: the values are
+        what a cache with these transforms kept (a snapshot's, :meth:`export`), not transformed again."""
         with self._lock:
             if self._tables or self._graves.gens:
                 return None
             self._recent = None
             added = 0
             for part in tables:
-                self._fill_locked(part.table, part.topics, part.keys, part.versions, part.blobs, None)
+                self._fill_locked(part.table, part.topics, part.keys, part.versions, part.blobs, None, transformed)
                 added += len(part.keys)
             return added
+
+    def export(self) -> tuple[dict[str, dict[str, _Record]], dict[str, dict[str, int]], set[tuple[str, str]]]:
+        """A copy of what the cache holds, for a snapshot (:mod:`dfpubsub.controller.snapshot`): per
+        table key -> (version, topic, packed value), the tombstones per table (key -> version), and
+        what events changed since the last :meth:`take_touched`. One C-level copy of each table's
+        dict under the lock (tens of milliseconds a million objects); the caller packs outside it."""
+        with self._lock:
+            tables = {table: rows.copy() for table, rows in self._tables.items()}
+            tombs: dict[str, dict[str, int]] = {}
+            for gen in self._graves.gens:
+                for table, keys in gen.tables.items():
+                    tombs.setdefault(table, {}).update(keys)
+            return tables, tombs, set(self._touched or ())
+
+    def clear(self) -> None:
+        """Forget every object and tombstone (a snapshot loaded, then found not to be the store's)."""
+        with self._lock:
+            self._tables.clear()
+            self._bytes.clear()
+            self._graves = Graves(self.tombstone_horizon)
+            self._decoded.clear()
+            self._recent = None
+            if self._touched is not None:
+                self._touched = set()
 
     def _first_sync_locked(self, truth: list[VersionedObject], packed: list[bytes | None] | None,
                            values: bool) -> list[Change]:
@@ -307,14 +332,15 @@ class VersionedCache:
         return [_new(Change, (_CREATE, *obj[:4], value, None)) for obj, value in zip(truth, out_values)]
 
     def _fill_locked(self, table: str, topics: Sequence[str], keys: Sequence[str], versions: Sequence[int],
-                     blobs: Sequence[bytes] | None, values: Sequence[Any] | None) -> list[Any] | None:
+                     blobs: Sequence[bytes] | None, values: Sequence[Any] | None,
+                     transformed: bool = False) -> list[Any] | None:
         """Objects of ``table`` the cache holds nothing of, by column, with their values' bytes or
         their values (or both; the bytes are decoded only for a transform). Returns the values
         kept where the table has a transform (what its creates carry), else None."""
         table = self._name(table)
         names = {t: self._name(t) for t in set(topics)}
         kept: list[Any] | None = None
-        transform = self._transforms.get(table)
+        transform = None if transformed else self._transforms.get(table)
         if transform is not None:
             raw = values if values is not None else map(_unpack, cast("Sequence[bytes]", blobs))
             kept = [self._transformed(transform, table, k, v) for k, v in zip(keys, raw)]

@@ -51,6 +51,7 @@ from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
 from .relist import relist
 from .replay import AheadOfStore, TooFarBehind, replay
+from .snapshot import Snapshots
 from .workqueue import WorkQueue
 
 __all__ = ["TableHandler", "Controller", "ControllerOptions", "FailedKey", "Bootstrap", "Repair"]
@@ -109,13 +110,15 @@ class ControllerOptions:
     checkpoint_interval: float = 60.0
     #: Objects the cache keeps decoded besides packed: the last ones written (dfpubsub.controller.cache).
     decoded_cache: int = DEFAULT_DECODED
+    #: With a ``state_dir``: seconds between snapshots (0: only at a clean stop; :mod:`.snapshot`).
+    snapshot_interval: float = 300.0
 
     @classmethod
     def from_settings(cls, s: ControllerSettings) -> ControllerOptions:
         """The work queue's and workers' share of ``[controller]``."""
         return cls(s.workers, s.resync_period, s.max_retries, s.queue_size, s.retry_base_delay, s.retry_max_delay,
                    s.retry_qps, s.retry_burst, s.sync_drains_queue, s.replay_max_ratio, s.checkpoint_interval,
-                   s.decoded_cache)
+                   s.decoded_cache, s.snapshot_interval)
 
 
 class Repair(NamedTuple):
@@ -162,6 +165,8 @@ class Controller:
     feed publishers (df-feed) whose bookmarks move the positions without reading the store
     (:mod:`.bookmarks`; :class:`~dfpubsub.controller.bookmarks.FeedIds` is a set of ids that
     discovery's connector can keep up to date); None: positions move by replays only.
+    ``state_dir``: a directory where the controller keeps a snapshot of its cache and positions
+    and from which a start resumes, reading only what changed while it was down (:mod:`.snapshot`).
     """
 
     def __init__(
@@ -183,6 +188,7 @@ class Controller:
         runtime: ControllerOptions | None = None,
         transforms: Mapping[str, Transform] | None = None,
         feeds: Callable[[str], bool] | None = None,
+        state_dir: str | None = None,
     ):
         self.store = store
         self.name = name
@@ -230,6 +236,9 @@ class Controller:
         stats.set_by("cache_bytes", "table", lambda: {t: u.bytes for t, u in usage().items()})
         stats.set_by("cache_tombstones", "table", lambda: {t: u.tombstones for t, u in usage().items()})
         self.synced = threading.Event()
+        self._repair_lock = threading.Lock()  # a snapshot's cut waits for the repair under way
+        #: With a ``state_dir``: warm restarts from a snapshot there (:mod:`.snapshot`).
+        self.snapshots = Snapshots(self, state_dir, rt.snapshot_interval, transforms or {}) if state_dir else None
         self.subscriber = Subscriber(
             transport, topics, None, self._on_resync, options, name, self._note_gap, stats, on_events=self._on_events,
             on_bookmark=self._on_bookmark if feeds is not None else None,
@@ -261,6 +270,8 @@ class Controller:
                                               daemon=True))
         for t in self._threads:
             t.start()
+        if self.snapshots is not None:
+            self.snapshots.start()  # into the cache before anything is subscribed
         self.subscriber.start()
         return self
 
@@ -278,6 +289,8 @@ class Controller:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.snapshots is not None:
+            self.snapshots.close()
 
     def run_forever(self) -> None:
         """Start, then block until SIGTERM or SIGINT; stop cleanly."""
@@ -412,8 +425,15 @@ class Controller:
             self._on_gap(request)
 
     def _on_resync(self, topics: set[str]) -> None:
+        with self._repair_lock:
+            self._resync(topics)
+
+    def _resync(self, topics: set[str]) -> None:
         with self._causes_lock:
             causes = set().union(*(self._causes.pop(t, ()) for t in topics))
+        if self.snapshots is not None and self.snapshots.pending:
+            self.snapshots.verify()
+            causes.add("first_sync")  # a resumed start's replay is its first sync
         cause = next((c for c in _PRIORITY if c in causes), "manual")
         if self.bootstrap is not None and topics - self._listed:
             truth = self._list(topics)
@@ -432,6 +452,8 @@ class Controller:
         self._last_repair = time.monotonic()
         position = min(self.positions.values(), default=0)
         self.last_repair = Repair(how, cause, tuple(sorted(topics)), entries, read, changed, position, time.time())
+        if self.snapshots is not None and self.snapshots.pending:
+            self.snapshots.started(how, cause, entries, read)
         reconcilers, indexers = self.reconcilers, self.indexers
         wanted = reconcilers.keys() | indexers.keys()
         pending: list[_Ident] = []

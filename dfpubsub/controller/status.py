@@ -44,6 +44,9 @@ def status_of(controller: Controller, objects: int | None = None) -> dict[str, A
         "repairs": {f"{kind}:{cause}": n for kind in ("replay", "relist")
                     for cause, n in controller.stats.by_reason(f"{kind}s").items()},
         "last_repair": None if controller.last_repair is None else controller.last_repair._asdict(),
+        # With a state_dir: how this run started (resumed from its snapshot, or relisted and why).
+        "start": None if controller.snapshots is None or controller.snapshots.warm_start is None
+        else controller.snapshots.warm_start._asdict(),
         "cache": {table: u._asdict() for table, u in controller.cache.usage().items()},
         "failed": [{"table": f.key.table, "key": f.key.key, "error": f.error, "failures": f.failures,
                     "since": f.since} for f in failed[:MAX_FAILED]],

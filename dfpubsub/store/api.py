@@ -17,6 +17,7 @@ import abc
 import asyncio
 import builtins
 import re
+import secrets
 from collections.abc import Iterable, Sequence
 from itertools import groupby
 from typing import Any, NamedTuple
@@ -111,6 +112,14 @@ class Store(abc.ABC):
 
     def initialize(self) -> None:
         """Make the store, if it was not (idempotent: nothing is written when it was)."""
+
+    def identity(self, renew: bool = False) -> bytes:
+        """The store's identity: random bytes made once (``df-db init``, or the first call) and kept
+        with the data, so that what was built from one store (a controller's snapshot,
+        :mod:`dfpubsub.controller.snapshot`) is never taken for another's. ``renew`` replaces it
+        (``df-db init --new-identity``, after a restore from backup). Secret as the data is: a
+        snapshot is sealed with it. NotImplementedError where the backend keeps none."""
+        return self._identity(secrets.token_bytes(16), renew)
 
     def get(self, table: str, key: str) -> VersionedObject | None:
         """The object, or None."""
@@ -361,6 +370,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def _drop_all(self) -> int: ...
+
+    def _identity(self, new: bytes, renew: bool) -> bytes:
+        """The identity kept, after keeping ``new`` where there is none (or ``renew``)."""
+        raise NotImplementedError(f"a {self.backend or type(self).__name__} store keeps no identity")
 
     @abc.abstractmethod
     def _feed_head(self) -> int: ...

@@ -151,6 +151,19 @@ class EtcdStore(Store):
         # Put once: every put is a revision of the whole cluster, which readers of the feed skip.
         self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store"), self._put_last]))
 
+    def _identity(self, new: bytes, renew: bool) -> bytes:
+        key = self._mark + b"/identity"
+        if not renew:  # read first: a read-only user has it too
+            kvs = self._commit(txn([], [rpc.RangeRequest(key=key)])).responses[0].response_range.kvs
+            if kvs:
+                return bytes(kvs[0].value)
+        absent = [] if renew else [rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                                               create_revision=0)]
+        response = self._commit(txn(absent, [rpc.PutRequest(key=key, value=new)], [rpc.RangeRequest(key=key)]))
+        if response.succeeded:
+            return new
+        return bytes(response.responses[0].response_range.kvs[0].value)
+
     # -- etcd operations ----------------------------------------------------------------
 
     def _paths(self, table: str, key: str) -> tuple[bytes, bytes]:

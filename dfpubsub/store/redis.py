@@ -383,6 +383,15 @@ class RedisStore(Store):
         with self._errors("make the store"):
             self._connect().r.set(self._rev, 0, nx=True)
 
+    def _identity(self, new: bytes, renew: bool) -> bytes:
+        with self._errors("keep the store's identity"):
+            r, key = self._connect().r, self._ns + "identity"
+            kept = None if renew else r.get(key)  # read first: a read-only user has it too
+            if kept is None:
+                r.set(key, new, nx=not renew)
+                kept = r.get(key)
+            return cast(bytes, kept)
+
     def _errors(self, what: str) -> contextlib.AbstractContextManager[None]:
         return redis_errors(f"Redis store at {self._where} ({what})")
 
@@ -560,7 +569,8 @@ class RedisStore(Store):
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self._ns) + "*"
         objects = (self._ns + "o:").encode()
         # Versions never go back; the feed's history stays, with what says where a server took over.
-        kept = {self._rev.encode(), self._feed.encode(), self._holes.encode(), (self._ns + "epoch").encode()}
+        kept = {self._rev.encode(), self._feed.encode(), self._holes.encode(), (self._ns + "epoch").encode(),
+                (self._ns + "identity").encode()}
         deleted = 0
         with self._errors("drop_all"):
             batch: list[bytes] = []

@@ -410,6 +410,19 @@ class SqliteStore(Store):
 
         return self._write(run)
 
+    def _identity(self, new: bytes, renew: bool) -> bytes:
+        read = "SELECT value FROM nb_meta WHERE name = 'identity'"
+        rows = [] if renew else self._read(read, ())
+        if rows:  # read first: a reader with a read-only file has it too
+            return bytes(rows[0][0])
+
+        def run(conn: sqlite3.Connection) -> bytes:
+            # A BLOB in nb_meta's INTEGER column stays a BLOB (SQLite's affinity leaves it).
+            conn.execute(f"INSERT OR {'REPLACE' if renew else 'IGNORE'} INTO nb_meta VALUES ('identity', ?)", (new,))
+            return bytes(conn.execute(read).fetchone()[0])
+
+        return self._write(run)
+
     # -- change feed -------------------------------------------------------------------
 
     def _feed_head(self) -> int:

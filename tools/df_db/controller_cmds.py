@@ -8,7 +8,10 @@ from typing import Annotated, Any
 
 import typer
 
+from dfpubsub.controller.snapfile import SnapshotRejected, check_seal, read_file, store_name
+from dfpubsub.controller.snapshot import check_witness
 from dfpubsub.controller.status import read_status
+from dfpubsub.errors import DfPubSubError
 
 from .context import state
 from .output import Column, fail, when
@@ -55,6 +58,7 @@ def controller_status(
         Column("position", "position", lambda v: "" if v is None else str(v), justify="right"),
         Column("cache", "cache", _cache), Column("repairs", "repairs", _repairs),
         Column("last repair", "last", lambda v: v or ""),
+        Column("start", "start", lambda v: f"{v.get('result')}:{v.get('reason')}" if isinstance(v, dict) else ""),
         Column("written", "age", justify="right"), Column("error", "error", lambda e: e or "")])
 
 
@@ -83,3 +87,46 @@ def _last_repair(doc: dict[str, Any]) -> str:
         return ""
     return (f"{last.get('kind')} ({last.get('cause')}): {last.get('entries')} entries, "
             f"{last.get('objects')} objects read")
+
+
+@app.command("controller-state")
+def controller_state(
+    ctx: typer.Context,
+    directory: Annotated[str, typer.Argument(metavar="DIR", help="A controller's [controller] state_dir.")],
+) -> None:
+    """A controller's snapshot: the store it came from, its positions, objects, tombstones and age, and whether
+    a start would resume from it, checked against the configured store (its identity, the snapshot's seal, the
+    feed's history at the positions); exit status 1 when it would not (docs/controller.md#warm-restarts)."""
+    st = state(ctx)
+    try:
+        snapshot = read_file(directory)
+    except SnapshotRejected as exc:
+        st.out.record({"directory": directory, "would_resume": False, "reason": exc.reason, "error": str(exc)})
+        raise typer.Exit(1) from None
+    header = snapshot.header
+    positions = header.get("positions") or {}
+    doc: dict[str, Any] = {
+        "directory": directory, "controller": header.get("controller"), "store": header.get("store"),
+        "bytes": snapshot.size, "written_at": header.get("written_at"),
+        "age": f"{time.time() - float(header.get('written_at') or 0):.0f}s", "positions": positions,
+        "objects": header.get("objects"), "tombstones": header.get("tombstones"), "topics": header.get("topics"),
+    }
+    try:
+        with st.open_store() as store:
+            identity = store.identity()
+            doc["store_now"] = store_name(identity)
+            if header.get("store") != doc["store_now"]:
+                raise SnapshotRejected("other_store", "written from another store")
+            check_seal(snapshot, identity)
+            check_witness(store, header)
+            head, entries = store.feed_since(min(positions.values(), default=0))
+            doc["feed_head"], doc["revisions_since"] = head, entries
+        doc["would_resume"], doc["reason"] = True, "replay"
+    except SnapshotRejected as exc:
+        doc["would_resume"], doc["reason"] = False, exc.reason
+    except (DfPubSubError, NotImplementedError) as exc:
+        doc["would_resume"], doc["reason"], doc["error"] = None, "store", str(exc)
+    st.out.record(doc, {"positions": lambda p: ", ".join(f"{t} {r}" for t, r in sorted(p.items())),
+                        "topics": lambda t: ", ".join(t or ())})
+    if doc["would_resume"] is not True:
+        raise typer.Exit(1)

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dfpubsub.controller.snapfile import store_name
 from dfpubsub.errors import DfPubSubError, NotFound
 from dfpubsub.events import VersionedObject
 
@@ -162,15 +163,22 @@ def clean(ctx: typer.Context, yes: Yes = False, publish: Publish = True) -> None
 
 
 @app.command()
-def init(ctx: typer.Context) -> None:
-    """Create what the backend needs (SQLite: the file and schema) and check that it answers."""
+def init(
+    ctx: typer.Context,
+    new_identity: Annotated[bool, typer.Option(
+        "--new-identity", help="Give the store a new identity: after a restore from backup, so that no controller "
+        "resumes from a snapshot of the store as it was (docs/controller.md#warm-restarts).")] = False,
+) -> None:
+    """Create what the backend needs (SQLite: the file and schema) and the store's identity, and check that it
+    answers."""
     st = state(ctx)
     with st.open_store(create=True) as store:
         names = sorted(store.tables)
         if names:
             # A read proves the backend answers; etcd and Redis need nothing created.
             store.get(names[0], "df-db-init-probe")
-        doc: dict[str, Any] = {"backend": store.backend, "url": public_url(st.settings.store.url), "tables": names}
+        doc: dict[str, Any] = {"backend": store.backend, "url": public_url(st.settings.store.url), "tables": names,
+                               "identity": store_name(store.identity(renew=new_identity))}
     with st.open_discovery(create=True) as discovery:
         doc["discovery"] = discovery.backend
         doc["publishers"] = len(discovery.list())
