@@ -25,7 +25,7 @@ from pydantic_settings import (
 )
 
 from ._version import __version__
-from .backends.access import EtcdAccess, NatsAccess, RedisAccess
+from .backends.access import ETCD_CONNECT_TIMEOUT, EtcdAccess, NatsAccess, RedisAccess
 from .backends.access import configure as configure_backends
 from .console import ArgumentParser
 from .errors import ConfigError
@@ -373,7 +373,8 @@ def _password(section: str, password: str, password_file: str) -> str:
 
 
 class EtcdSettings(_Section):
-    """``[etcd]``: TLS and credentials of every etcd connection (store, discovery, queues, driver)."""
+    """``[etcd]``: TLS, credentials and the connect timeout of every etcd connection (store, feed, discovery,
+    queues, leases, driver)."""
 
     ca_file: str = Field("", description="PEM CA bundle the servers' certificates are checked with; turns TLS on.")
     cert_file: str = Field("", description="PEM client certificate (etcd --client-cert-auth); turns TLS on.")
@@ -382,6 +383,11 @@ class EtcdSettings(_Section):
     username: str = Field("", description="etcd user (auth enabled); empty: no authentication.")
     password: str = Field("", description="Its password (prefer password_file).")
     password_file: str = Field("", description="File whose first line is the password.")
+    connect_timeout: float = Field(
+        ETCD_CONNECT_TIMEOUT, gt=0,
+        description="Seconds a connection to an etcd endpoint may take to come up (TCP, TLS, HTTP/2 settings: "
+        "about four round trips); the default leaves room for 500 ms of round trip (a WAN, another region) "
+        "with TLS and a lost packet. An endpoint that never answers costs this much before the next is tried.")
 
     @model_validator(mode="after")
     def _check(self) -> EtcdSettings:
@@ -390,7 +396,8 @@ class EtcdSettings(_Section):
 
     def access(self) -> EtcdAccess:
         return EtcdAccess(self.ca_file, self.cert_file, self.key_file, self.username,
-                          _password("etcd", self.password, self.password_file), self.server_name)
+                          _password("etcd", self.password, self.password_file), self.server_name,
+                          self.connect_timeout)
 
 
 class _ClientSettings(_Section):
