@@ -236,6 +236,12 @@ class ArchiveSettings(_Section):
     fsync: bool = Field(True, description="fsync segments and journals as they are published.")
     name: str = Field("", description="Name in logs and metrics (default: host name).")
     discover: bool = Field(False, description="Connect to the publishers listed in the [discovery] table.")
+    backfill: bool = Field(
+        False, description="Check what was received against the store's change feed ([store] url) and archive the "
+        "writes that were not, a restart or a new leader included (docs/pipeline.md, \"No hole\").")
+    backfill_after: float = Field(
+        10.0, gt=0, description="Seconds a write in the feed waits for its event before it is read from the "
+        "store instead (longer: fewer writes archived twice when events come late).")
 
 
 class PublisherServiceSettings(_Section):
