@@ -91,7 +91,7 @@ class Archiver:
         while not self._stop.wait(self._tick):
             beat()
             try:
-                if self.backfill is not None:
+                if self.backfill is not None and self._leadership.may_act():  # past its deadline: another's turn
                     self.backfill.step()
                 self.writer.maybe_roll()
                 self.trouble = None

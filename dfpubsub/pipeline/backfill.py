@@ -73,6 +73,9 @@ class FeedBackfill:
         self.grace = grace
         self.mark_every = mark_every
         self._clock = clock
+        # etcd's feed names the table as the topic of an update that left the topic alone: where a
+        # topic is not a table's name, such an entry may be ours, and only the object can say.
+        self._topics_not_tables = any(t not in store.tables for t in self.topics)
         #: Every committed write of the topics up to here is in the log.
         self.reach = 0
         self._lock = threading.Lock()  # guards _seen: the subscriber's thread adds, step() takes
@@ -166,8 +169,8 @@ class FeedBackfill:
                 del self._seen[write]  # received, but no entry of ours: another store's, or forged
 
     def _ours(self, entry: FeedEntry) -> bool:
-        # etcd's update of an object whose topic is not its table names the table: the object says.
-        return entry.topic in self.topics or entry.topic == entry.table
+        return entry.topic in self.topics or (self._topics_not_tables and entry.action is Action.UPDATE
+                                              and entry.topic == entry.table)
 
     def _backfill(self, missing: list[FeedEntry]) -> None:
         for start in range(0, len(missing), _BATCH):

@@ -62,6 +62,13 @@ class Writer:
         self._thread.join(30)
 
 
+def started(daemon):
+    """Whether ``daemon`` logged that it archives; its last lines if it exited instead."""
+    if daemon.proc.poll() is not None:
+        pytest.fail(f"df-archiver exited with {daemon.proc.returncode}: {daemon.lines[-5:]}")
+    return daemon.logged("archiver started")
+
+
 def on_disk(log):
     """(key, version) of every object row a reader or a recovery can find."""
     rows = [(r["key"], r["version"]) for r in published_rows(log) if r["action"] in OBJECT_ACTIONS]
@@ -96,7 +103,7 @@ def test_three_leader_kills_leave_every_committed_write_in_the_log_once(tmp_path
         wait_for(lambda: standby.leader_gauge() == 0.0, timeout=STARTUP, what="a standby")
         writer = Writer(store, pub)
         for kill in range(3):
-            wait_for(lambda: leader.logged("archiver started"), timeout=STARTUP, what="the leader to subscribe")
+            wait_for(lambda: started(leader), timeout=2 * STARTUP, what="the leader to subscribe")
             time.sleep(rng.uniform(1.0, 3.0))  # writes flow into the leader's log for a while
             leader.kill()  # SIGKILL: its journal stays, its last events are in nobody's hands
             wait_for(lambda: standby.leader_gauge() == 1.0, timeout=TAKEOVER + 30, what=f"takeover {kill + 1}")
