@@ -260,14 +260,15 @@ class Endpoints:
         """The endpoint in use failed: the next channel is opened to the next one."""
         self.index = (self.index + 1) % len(self.all)
 
-    def open(self, timeout: float, options: list[tuple[str, Any]] = CHANNEL_OPTIONS) -> grpc.Channel:
+    def open(self, options: list[tuple[str, Any]] = CHANNEL_OPTIONS) -> grpc.Channel:
         """A channel to the first endpoint that answers, from the one in use; ``unavailable`` if none does.
 
-        Each endpoint is given ``timeout / n`` to connect, or the connect timeout if that is longer:
-        far away, a connection takes round trips that no share of a call's deadline may cut short.
+        Each endpoint is given the connect timeout (``[etcd] connect_timeout``), not a share of a
+        call's deadline: far away, a connection takes round trips that no share of a deadline
+        may cut short, and an endpoint that refuses fails at once anyway.
         """
         first, n = self.index, len(self.all)
-        wait = max(timeout / n, etcd_access().connect_timeout)
+        wait = etcd_access().connect_timeout
         for i in range(n):
             self.index = (first + i) % n
             channel = open_channel(self.where(), options)
@@ -377,7 +378,7 @@ class EtcdChannel(Generic[S]):
             if stubs is None:
                 if self._closed:
                     raise ClosedError(f"etcd connection to {self.url} is closed")
-                self._channel = self.endpoints.open(self.timeout, self._options)
+                self._channel = self.endpoints.open(self._options)
                 stubs = self._stubs = self._make_stubs(self._channel)
             self._calls += 1
         error: Exception

@@ -29,14 +29,12 @@ def render_text(s: dict[str, Any]) -> str:
     ]
     causes = {"filled": " filled", "history_gone": " history gone"}
     lines += [f"  {g['publisher_id']} {g['topic']}: seq {g['first_missing']}..{g['last_missing']} ({g['missing']})"
-              f"{causes.get(g.get('cause') or '', '')}" for g in s["gaps"]["largest"]]
-    w = s.get("writes")
-    if w is not None:
-        reach = "no reach marker" if w["reach"] is None else f"complete up to revision {w['reach']}"
-        lines.append(f"writes: {w['distinct']} distinct in {w['rows']} rows ({w['from_feed']} read from the change "
-                     f"feed), {w['repeated']} archived more than once; {reach}")
-        lines += [f"  history gone in {h['topic']}: revisions {h['after'] + 1}..{h['horizon']}"
-                  for h in w["history_gone"]]
+              f"{causes.get(g['cause'], '')}" for g in s["gaps"]["largest"]]
+    w = s["writes"]
+    reach = "no reach marker" if w["reach"] is None else f"complete up to revision {w['reach']}"
+    lines.append(f"writes: {w['distinct']} distinct in {w['rows']} rows ({w['from_feed']} read from the change "
+                 f"feed), {w['repeated']} archived more than once; {reach}")
+    lines += [f"  history gone in {h['topic']}: revisions {h['after'] + 1}..{h['horizon']}" for h in w["history_gone"]]
     dups = s["duplicates"]
     lines.append(f"duplicates: {dups['sequences']} sequences, {dups['extra_copies']} extra copies")
     lines += [f"  {d['publisher_id']} {d['topic']}: seq {d['seq']} x{d['copies']}" for d in dups["most_copied"]]
