@@ -25,7 +25,7 @@ from pydantic_settings import (
 )
 
 from ._version import __version__
-from .backends.access import EtcdAccess, NatsAccess, RedisAccess
+from .backends.access import ETCD_CONNECT_TIMEOUT, EtcdAccess, NatsAccess, RedisAccess
 from .backends.access import configure as configure_backends
 from .console import ArgumentParser
 from .errors import ConfigError
@@ -245,6 +245,12 @@ class ArchiveSettings(_Section):
     fsync: bool = Field(True, description="fsync segments and journals as they are published.")
     name: str = Field("", description="Name in logs and metrics (default: host name).")
     discover: bool = Field(False, description="Connect to the publishers listed in the [discovery] table.")
+    backfill: bool = Field(
+        False, description="Check what was received against the store's change feed ([store] url) and archive the "
+        "writes that were not, a restart or a new leader included (docs/pipeline.md, \"No hole\").")
+    backfill_after: float = Field(
+        10.0, gt=0, description="Seconds a write in the feed waits for its event before it is read from the "
+        "store instead (longer: fewer writes archived twice when events come late).")
 
 
 class PublisherServiceSettings(_Section):
@@ -382,7 +388,8 @@ def _password(section: str, password: str, password_file: str) -> str:
 
 
 class EtcdSettings(_Section):
-    """``[etcd]``: TLS and credentials of every etcd connection (store, discovery, queues, driver)."""
+    """``[etcd]``: TLS, credentials and the connect timeout of every etcd connection (store, feed, discovery,
+    queues, leases, driver)."""
 
     ca_file: str = Field("", description="PEM CA bundle the servers' certificates are checked with; turns TLS on.")
     cert_file: str = Field("", description="PEM client certificate (etcd --client-cert-auth); turns TLS on.")
@@ -391,6 +398,11 @@ class EtcdSettings(_Section):
     username: str = Field("", description="etcd user (auth enabled); empty: no authentication.")
     password: str = Field("", description="Its password (prefer password_file).")
     password_file: str = Field("", description="File whose first line is the password.")
+    connect_timeout: float = Field(
+        ETCD_CONNECT_TIMEOUT, gt=0,
+        description="Seconds a connection to an etcd endpoint may take to come up (TCP, TLS, HTTP/2 settings: "
+        "about four round trips); the default leaves room for 500 ms of round trip (a WAN, another region) "
+        "with TLS and a lost packet. An endpoint that never answers costs this much before the next is tried.")
 
     @model_validator(mode="after")
     def _check(self) -> EtcdSettings:
@@ -399,7 +411,8 @@ class EtcdSettings(_Section):
 
     def access(self) -> EtcdAccess:
         return EtcdAccess(self.ca_file, self.cert_file, self.key_file, self.username,
-                          _password("etcd", self.password, self.password_file), self.server_name)
+                          _password("etcd", self.password, self.password_file), self.server_name,
+                          self.connect_timeout)
 
 
 class _ClientSettings(_Section):

@@ -123,7 +123,9 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
         spark.stop()
     s = r.summary
     return {"command": "audit", "out": r.out, "events": s["events"], "gaps": s["gaps"]["count"],
-            "missing_events": s["gaps"]["missing_events"], "duplicates": s["duplicates"]["extra_copies"],
+            "missing_events": s["gaps"]["missing_events"], "unexplained_gaps": s["gaps"]["unexplained"],
+            "history_gone": len(s["writes"]["history_gone"]), "writes": s["writes"]["distinct"],
+            "from_feed": s["writes"]["from_feed"], "duplicates": s["duplicates"]["extra_copies"],
             "order_violations": s["order_violations"]["count"], "seconds": round(r.seconds, 3)}
 
 

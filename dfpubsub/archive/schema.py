@@ -20,7 +20,8 @@ from ..events import Event
 if TYPE_CHECKING:
     import pyarrow
 
-__all__ = ["COLUMNS", "LOG_SCHEMA_VERSION", "SCHEMA_METADATA_KEY", "Row", "arrow_schema", "event_row", "rows_to_table",
+__all__ = ["COLUMNS", "FEED_PUBLISHER", "HISTORY_GONE", "LOG_SCHEMA_VERSION", "OBJECT_ACTIONS", "REACH",
+           "SCHEMA_METADATA_KEY", "Row", "arrow_schema", "event_row", "feed_row", "marker_row", "rows_to_table",
            "require_pyarrow"]
 
 #: (name, logical type) of every column, in file order. Types: string, binary, int64, float64.
@@ -43,6 +44,18 @@ SCHEMA_METADATA_KEY = b"dfpubsub.log_schema"
 
 #: One log row: the values of :data:`COLUMNS`, in order.
 Row = tuple[str, str, str, str, int, bytes | None, float, str, int, float, float]
+
+#: The ``action`` of a row that is a change of an object; any other row is a marker.
+OBJECT_ACTIONS = ("create", "update", "delete")
+#: ``publisher_id`` of the rows the archiver wrote itself instead of receiving them: writes read
+#: from the store's change feed (``seq`` is then the revision, ``sent_at`` and ``timestamp`` 0)
+#: and markers. No publisher has it: theirs are random hex.
+FEED_PUBLISHER = "store-feed"
+#: Marker: every committed write of the archived topics up to ``version`` is in the log.
+REACH = "reach"
+#: Marker: the feed's history from ``seq`` (exclusive) to ``version`` was gone when the archiver
+#: looked; writes there that it did not receive are not in the log, and nobody can know which.
+HISTORY_GONE = "history_gone"
 
 
 def require_pyarrow() -> Any:
@@ -68,6 +81,19 @@ def event_row(event: Event, received_at: float) -> Row:
     value = None if action == "delete" else msgpack.packb(event.value)
     return (event.topic, event.table, event.key, action, event.version, value, float(event.timestamp),
             event.publisher_id, event.seq, float(event.sent_at), received_at)
+
+
+def feed_row(topic: str, table: str, key: str, action: str, revision: int, value: bytes | None,
+             received_at: float) -> Row:
+    """The log row of a write read from the change feed (``value`` msgpack-encoded, or None when
+    the store no longer holds that version)."""
+    return (topic, table, key, action, revision, value, 0.0, FEED_PUBLISHER, revision, 0.0, received_at)
+
+
+def marker_row(topic: str, kind: str, version: int, after: int, note: bytes, received_at: float) -> Row:
+    """A marker of ``kind`` (:data:`REACH`, :data:`HISTORY_GONE`) in ``topic``'s partition: ``version``
+    and ``after`` are revisions, ``note`` what the marker carries (msgpack)."""
+    return (topic, "", "", kind, version, note, 0.0, FEED_PUBLISHER, after, 0.0, received_at)
 
 
 def rows_to_table(rows: list[Row]) -> pyarrow.Table:

@@ -96,12 +96,14 @@ class SegmentWriter:
 
     # -- writing ---------------------------------------------------------------------
 
-    def append_event(self, event: Event, received_at: float | None = None) -> None:
-        """Archive an event a subscriber delivered (``received_at`` defaults to now)."""
-        self.append(event_row(event, self._clock() if received_at is None else received_at))
+    def append_event(self, event: Event, received_at: float | None = None) -> str:
+        """Archive an event a subscriber delivered (``received_at`` defaults to now); the name of
+        the segment it went to."""
+        return self.append(event_row(event, self._clock() if received_at is None else received_at))
 
-    def append(self, row: Row) -> None:
-        """Journal ``row`` and buffer it for the current segment; roll if it is full or old."""
+    def append(self, row: Row) -> str:
+        """Journal ``row`` and buffer it for the current segment; roll if it is full or old. The
+        name of the segment the row went to."""
         with self._lock:
             if self._closed:
                 raise ArchiveError(f"the segment writer of {self.root} is closed")
@@ -114,8 +116,10 @@ class SegmentWriter:
             self._bytes += len(row[0]) + len(row[1]) + len(row[2]) + len(row[7]) + _ROW_OVERHEAD + (
                 len(value) if value is not None else 0)
             self._rows += 1
+            segment = self._segment
             if self._bytes >= self.max_bytes or self._clock() - self._opened >= self.max_age:
                 self._roll_locked()
+            return segment
 
     def maybe_roll(self) -> bool:
         """Roll the current segment if it is ``max_age`` old; return whether it did."""

@@ -18,12 +18,18 @@ from typing import Any
 from ..errors import ConfigError
 from .urls import SentinelUrl, parse_sentinel
 
-__all__ = ["EtcdAccess", "NatsAccess", "RedisAccess", "configure", "etcd_access", "nats_access", "redis_access"]
+__all__ = ["ETCD_CONNECT_TIMEOUT", "EtcdAccess", "NatsAccess", "RedisAccess", "configure", "etcd_access", "nats_access", "redis_access"]
+
+
+#: Seconds a connection to an etcd endpoint may take to come up (TCP, TLS, HTTP/2's settings):
+#: about four round trips with TLS, so 2 s at 500 ms of round trip, and a lost SYN costs 1 s more.
+ETCD_CONNECT_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class EtcdAccess:
-    """TLS files (PEM) and an etcd user; empty strings: plain connections, no auth."""
+    """TLS files (PEM), an etcd user and the connect timeout; empty strings: plain connections,
+    no auth."""
 
     ca_file: str = ""
     cert_file: str = ""
@@ -32,6 +38,7 @@ class EtcdAccess:
     password: str = ""
     #: The name the server's certificate is checked against, when not the endpoint's host.
     server_name: str = ""
+    connect_timeout: float = ETCD_CONNECT_TIMEOUT
 
     @property
     def tls(self) -> bool:

@@ -31,10 +31,12 @@ __all__ = ["CHANNEL_OPTIONS", "RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoin
 S = TypeVar("S")
 T = TypeVar("T")
 
-#: Retry a lost server quickly rather than with gRPC's backoff of up to two minutes.
+#: Retry a lost server quickly rather than with gRPC's backoff of up to two minutes. (gRPC's
+#: ``min_reconnect_backoff_ms`` is no backoff but the connect timeout: :func:`open_channel` sets it
+#: from ``[etcd] connect_timeout``. At 100 ms, as it was, no connection came up at 200 ms of round
+#: trip.)
 RECONNECT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _MAX_MESSAGE_BYTES = 64 << 20  # gRPC's default of 4 MiB would cap a page of a listing
@@ -73,12 +75,14 @@ def answers(channel: grpc.Channel, timeout: float) -> bool:
 
 
 def open_channel(target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
-    """A channel to ``target`` (host:port) as ``[etcd]`` says: TLS when it names a CA or a client
-    certificate, and an auth token on every call when it names a user."""
+    """A channel to ``target`` (host:port) as ``[etcd]`` says: its connect timeout, TLS when it
+    names a CA or a client certificate, and an auth token on every call when it names a user."""
     access = etcd_access()
     # gRPC shares connections between channels to one address by default: a channel opened
     # with other credentials must not ride on a connection another one authenticated.
-    options = [*options, ("grpc.use_local_subchannel_pool", 1)]
+    options = [*options, ("grpc.use_local_subchannel_pool", 1),
+               # gRPC gives a connection attempt max(this, the current backoff) to come up.
+               ("grpc.min_reconnect_backoff_ms", round(access.connect_timeout * 1000))]
     if access.tls:
         ca, key, cert = access.pem()
         credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
@@ -256,13 +260,19 @@ class Endpoints:
         """The endpoint in use failed: the next channel is opened to the next one."""
         self.index = (self.index + 1) % len(self.all)
 
-    def open(self, timeout: float, options: list[tuple[str, Any]] = CHANNEL_OPTIONS) -> grpc.Channel:
-        """A channel to the first endpoint that answers, from the one in use; ``unavailable`` if none does."""
+    def open(self, options: list[tuple[str, Any]] = CHANNEL_OPTIONS) -> grpc.Channel:
+        """A channel to the first endpoint that answers, from the one in use; ``unavailable`` if none does.
+
+        Each endpoint is given the connect timeout (``[etcd] connect_timeout``), not a share of a
+        call's deadline: far away, a connection takes round trips that no share of a deadline
+        may cut short, and an endpoint that refuses fails at once anyway.
+        """
         first, n = self.index, len(self.all)
+        wait = etcd_access().connect_timeout
         for i in range(n):
             self.index = (first + i) % n
             channel = open_channel(self.where(), options)
-            if n == 1 or answers(channel, timeout / n):  # several: take the first that answers
+            if n == 1 or answers(channel, wait):  # several: take the first that answers
                 return channel  # one: gRPC connects on the first call
             channel.close()
         raise self.unavailable(f"none of the etcd endpoints of {self.url} answered")
@@ -368,7 +378,7 @@ class EtcdChannel(Generic[S]):
             if stubs is None:
                 if self._closed:
                     raise ClosedError(f"etcd connection to {self.url} is closed")
-                self._channel = self.endpoints.open(self.timeout, self._options)
+                self._channel = self.endpoints.open(self._options)
                 stubs = self._stubs = self._make_stubs(self._channel)
             self._calls += 1
         error: Exception

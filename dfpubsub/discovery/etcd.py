@@ -80,14 +80,14 @@ class _Connection:
     def new_channel(self) -> grpc.Channel:
         """A channel of the caller's own (for a stream), to the first endpoint that answers."""
         with self._lock:
-            return self._endpoints.open(self.timeout)
+            return self._endpoints.open()
 
     def call(self, what: str, fn: Callable[[_Stubs], T]) -> T:
         """Run ``fn(stubs)`` (RPCs with deadlines only); gRPC failures become typed errors."""
         with self._lock:
             stubs = self._stubs
             if stubs is None or stubs.pid != os.getpid():  # a forked child never touches the parent's channel
-                channel = self._endpoints.open(self.timeout)
+                channel = self._endpoints.open()
                 stubs = self._stubs = _Stubs(os.getpid(), channel, rpc.KVStub(channel), rpc.LeaseStub(channel))
         try:
             return fn(stubs)

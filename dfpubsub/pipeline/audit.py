@@ -5,9 +5,14 @@ Tables written under the output directory:
 - ``streams``: per (publisher_id, topic), the first and last sequence seen,
   distinct sequences and events (copies included);
 - ``gaps``: per stream, each run of sequences missing between the first and
-  the last seen (``first_missing``, ``last_missing``, ``missing``). Before the
-  first sequence seen nothing counts as missing: the archiver may have
-  started late;
+  the last seen (``first_missing``, ``last_missing``, ``missing``), with the
+  versions of the events around it (``prev_version``, ``next_version``) and
+  its ``cause``: ``filled`` when the archiver read the missing writes from the
+  store's change feed (the run lies below the log's reach: every write up to
+  it is in the log, as a row of its own), ``history_gone`` when it lies in a
+  stretch the feed no longer held when the archiver looked, else ``""``
+  (unexplained). Before the first sequence seen nothing counts as missing:
+  the archiver may have started late;
 - ``duplicates``: sequences archived more than once (``copies``);
 - ``order_violations``: events whose version is not above every version of
   the same (table, key) received before them (by ``received_at``, then
@@ -16,7 +21,15 @@ Tables written under the output directory:
   delivery latency (``received_at - sent_at``) and of the end-to-end latency
   (``received_at - timestamp``, from the write to the archive), in seconds;
 - ``rates``: per topic and time bucket, events, events per second and the p50
-  and p99 delivery latency.
+  and p99 delivery latency;
+- ``writes``: per write (topic, table, key, version) archived more than once,
+  its ``copies`` (two publishers of one write, NbApi and df-feed, make two);
+- ``history_gone``: the archiver's markers of history it could not check
+  (``topic``, ``after``, ``horizon``, ``received_at``).
+
+Streams, gaps, duplicates, order and latency are about what was received:
+rows read from the feed (``publisher_id`` ``store-feed``, late by design) and
+markers are left out of them.
 
 ``summary.json``, ``summary.txt`` and ``audit.png`` (rates and latencies over
 time; needs matplotlib) sit beside them.
@@ -30,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..archive.schema import FEED_PUBLISHER, HISTORY_GONE, OBJECT_ACTIONS, REACH
 from .fs import HadoopFs
 from .logread import list_segments, read_segments
 from .report import plot_png, render_text
@@ -40,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["AuditResult", "PERCENTILES", "audit"]
 
 PERCENTILES = (0.5, 0.9, 0.99)
-_TABLES = ("streams", "gaps", "duplicates", "order_violations", "latency", "rates")
+_TABLES = ("streams", "gaps", "duplicates", "order_violations", "latency", "rates", "writes", "history_gone")
 
 
 @dataclass
@@ -52,21 +66,55 @@ class AuditResult:
     seconds: float
 
 
-def _stream_tables(rows: DataFrame) -> dict[str, DataFrame]:
+def _stream_tables(rows: DataFrame, marks: DataFrame) -> dict[str, DataFrame]:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    per_seq = rows.groupBy("publisher_id", "topic", "seq").agg(F.count(F.lit(1)).alias("copies"))
+    per_seq = rows.groupBy("publisher_id", "topic", "seq").agg(F.count(F.lit(1)).alias("copies"),
+                                                               F.max("version").alias("version"))
     by_seq = Window.partitionBy("publisher_id", "topic").orderBy("seq")
-    previous = F.lag("seq").over(by_seq)
-    gaps = (per_seq.select("publisher_id", "topic", "seq", previous.alias("prev"))
+    gaps = (per_seq.select("publisher_id", "topic", "seq", "version", F.lag("seq").over(by_seq).alias("prev"),
+                           F.lag("version").over(by_seq).alias("prev_version"))
             .where(F.col("seq") - F.col("prev") > 1)
             .select("publisher_id", "topic", (F.col("prev") + 1).alias("first_missing"),
-                    (F.col("seq") - 1).alias("last_missing"), (F.col("seq") - F.col("prev") - 1).alias("missing")))
+                    (F.col("seq") - 1).alias("last_missing"), (F.col("seq") - F.col("prev") - 1).alias("missing"),
+                    "prev_version", F.col("version").alias("next_version")))
     streams = per_seq.groupBy("publisher_id", "topic").agg(
         F.min("seq").alias("first_seq"), F.max("seq").alias("last_seq"),
         F.count(F.lit(1)).alias("distinct_events"), F.sum("copies").alias("events"))
-    return {"streams": streams, "gaps": gaps, "duplicates": per_seq.where(F.col("copies") > 1)}
+    return {"streams": streams, "gaps": _causes(gaps, marks), "duplicates": per_seq.where(F.col("copies") > 1).drop("version")}
+
+
+def _causes(gaps: DataFrame, marks: DataFrame) -> DataFrame:
+    """``gaps`` with their ``cause``, from the archiver's markers of their topic (see the module's doc).
+
+    The writes a gap misses were published between the events around it: from a publisher in
+    revision order (df-feed) their revisions lie between those events' versions, and a gap below
+    the reach (``next_version`` at most the newest reach marker) has them in the log.
+    """
+    from pyspark.sql import functions as F
+
+    reach = marks.where(F.col("action") == REACH).groupBy("topic").agg(F.max("version").alias("reach"))
+    gone = (marks.where(F.col("action") == HISTORY_GONE)
+            .select("topic", F.col("seq").alias("after"), F.col("version").alias("horizon")))
+    in_gone = (gaps.join(gone, "topic")
+               .where((F.col("next_version") > F.col("after")) & (F.col("prev_version") <= F.col("horizon")))
+               .select("publisher_id", "topic", "first_missing").distinct().withColumn("gone", F.lit(True)))
+    keys = ["publisher_id", "topic", "first_missing"]
+    return (gaps.join(reach, "topic", "left").join(in_gone, keys, "left")
+            .withColumn("cause", F.when(F.col("gone"), "history_gone")
+                        .when(F.col("next_version") <= F.col("reach"), "filled").otherwise(""))
+            .select("publisher_id", "topic", "first_missing", "last_missing", "missing", "prev_version",
+                    "next_version", "cause"))
+
+
+def _writes(objects: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (objects.groupBy("topic", "table", "key", "version")
+            .agg(F.count(F.lit(1)).alias("copies"),
+                 F.sum(F.when(F.col("publisher_id") == FEED_PUBLISHER, 1).otherwise(0)).alias("from_feed"))
+            .where(F.col("copies") > 1))
 
 
 def _order_violations(rows: DataFrame) -> DataFrame:
@@ -119,14 +167,34 @@ def audit(
 
     started = time.monotonic()
     segments = list_segments(HadoopFs(spark, log_root), log_root, topics, since, until)
-    rows = read_segments(spark, log_root, segments).persist(StorageLevel.DISK_ONLY)
-    tables = {**_stream_tables(rows), "order_violations": _order_violations(rows), **_latency_tables(rows, bucket)}
+    from pyspark.sql import functions as F
+
+    everything = read_segments(spark, log_root, segments).persist(StorageLevel.DISK_ONLY)
+    objects = everything.where(F.col("action").isin(*OBJECT_ACTIONS))
+    rows = objects.where(F.col("publisher_id") != FEED_PUBLISHER)  # what was received
+    marks = everything.where(~F.col("action").isin(*OBJECT_ACTIONS) & (F.col("publisher_id") == FEED_PUBLISHER))
+    tables = {**_stream_tables(rows, marks), "order_violations": _order_violations(rows),
+              **_latency_tables(rows, bucket), "writes": _writes(objects),
+              "history_gone": marks.where(F.col("action") == HISTORY_GONE).select(
+                  "topic", F.col("seq").alias("after"), F.col("version").alias("horizon"), "received_at")}
     base = out.rstrip("/")
     for name in _TABLES:
         tables[name].coalesce(1).write.mode("overwrite").parquet(f"{base}/{name}")
-    rows.unpersist()
+    is_write = F.col("action").isin(*OBJECT_ACTIONS)
+    counts = _one(everything.agg(  # one job
+        F.sum(F.when(is_write, 1).otherwise(0)).alias("rows"),
+        F.countDistinct(F.when(is_write, F.struct("table", "key", "version"))).alias("distinct"),
+        F.sum(F.when(is_write & (F.col("publisher_id") == FEED_PUBLISHER), 1).otherwise(0)).alias("from_feed"),
+        F.max(F.when(F.col("action") == REACH, F.col("version"))).alias("reach")))
+    everything.unpersist()
     written = {name: spark.read.parquet(f"{base}/{name}") for name in _TABLES}
     summary = _summarise(written, len(segments), bucket, top)
+    summary["writes"] = {"distinct": int(counts["distinct"] or 0), "rows": int(counts["rows"] or 0),
+                         "from_feed": int(counts["from_feed"] or 0),
+                         "repeated": written["writes"].count(),
+                         "reach": None if counts["reach"] is None else int(counts["reach"]),
+                         "history_gone": [r.asDict() for r in written["history_gone"].orderBy("received_at", "topic")
+                                          .limit(top).collect()]}
     rates = [r.asDict() for r in written["rates"].orderBy("bucket_start").collect()]
     fs = HadoopFs(spark, base)
     fs.write_bytes(f"{base}/summary.json", json.dumps(summary, indent=1, sort_keys=True).encode())
@@ -149,7 +217,10 @@ def _summarise(t: dict[str, DataFrame], segments: int, bucket: float, top: int) 
 
     streams = _one(t["streams"].agg(F.count(F.lit(1)).alias("streams"), F.countDistinct("publisher_id").alias("publishers"),
                                F.sum("events").alias("events"), F.sum("distinct_events").alias("distinct")))
-    gaps = _one(t["gaps"].agg(F.count(F.lit(1)).alias("n"), F.sum("missing").alias("missing")))
+    gaps = _one(t["gaps"].agg(
+        F.count(F.lit(1)).alias("n"), F.sum("missing").alias("missing"),
+        *[F.sum(F.when(F.col("cause") == cause, 1).otherwise(0)).alias(name)
+          for name, cause in (("unexplained", ""), ("filled", "filled"), ("history_gone", "history_gone"))]))
     dups = _one(t["duplicates"].agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("extra")))
     peak = _one(t["rates"].agg(F.max("events_per_s").alias("peak")))
 
@@ -163,6 +234,8 @@ def _summarise(t: dict[str, DataFrame], segments: int, bucket: float, top: int) 
         "publishers": int(streams["publishers"] or 0),
         "streams": int(streams["streams"] or 0),
         "gaps": {"count": int(gaps["n"] or 0), "missing_events": int(gaps["missing"] or 0),
+                 "unexplained": int(gaps["unexplained"] or 0), "filled": int(gaps["filled"] or 0),
+                 "history_gone": int(gaps["history_gone"] or 0),
                  "largest": rows(t["gaps"], [F.desc("missing"), "publisher_id", "topic", "first_missing"])},
         "duplicates": {"sequences": int(dups["n"] or 0), "extra_copies": int(dups["extra"] or 0),
                        "most_copied": rows(t["duplicates"], [F.desc("copies"), "publisher_id", "topic", "seq"])},

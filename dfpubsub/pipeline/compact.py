@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..archive.layout import parse_partition
-from ..archive.schema import COLUMNS
+from ..archive.schema import COLUMNS, OBJECT_ACTIONS
 from .fs import HadoopFs
 from .logread import list_segments, log_schema, read_segments
 from .snapshot import MANIFEST, Manifest, generation_dir, generations, latest_manifest
@@ -122,6 +122,7 @@ def compact(
     # about 6% of the run at 10M events (tools/bench/pipeline.py).
     rows = read_segments(spark, log_root, new)
     events = rows.count()
+    rows = rows.where(F.col("action").isin(*OBJECT_ACTIONS))  # not the archiver's markers
     written = Observation("compact-written")
     if previous is not None:
         rows = rows.unionByName(read_generation(spark, snapshot_root, previous.generation))

@@ -23,10 +23,18 @@ def render_text(s: dict[str, Any]) -> str:
         f"segments {s['segments']}, events {s['events']} ({s['distinct_events']} distinct), "
         f"publishers {s['publishers']}, streams (publisher, topic) {s['streams']}",
         "",
-        f"gaps: {s['gaps']['count']} ({s['gaps']['missing_events']} events missing)",
+        f"gaps: {s['gaps']['count']} ({s['gaps']['missing_events']} events missing): "
+        f"{s['gaps']['filled']} filled from the change feed, {s['gaps']['history_gone']} in history gone, "
+        f"{s['gaps']['unexplained']} unexplained",
     ]
+    causes = {"filled": " filled", "history_gone": " history gone"}
     lines += [f"  {g['publisher_id']} {g['topic']}: seq {g['first_missing']}..{g['last_missing']} ({g['missing']})"
-              for g in s["gaps"]["largest"]]
+              f"{causes.get(g['cause'], '')}" for g in s["gaps"]["largest"]]
+    w = s["writes"]
+    reach = "no reach marker" if w["reach"] is None else f"complete up to revision {w['reach']}"
+    lines.append(f"writes: {w['distinct']} distinct in {w['rows']} rows ({w['from_feed']} read from the change "
+                 f"feed), {w['repeated']} archived more than once; {reach}")
+    lines += [f"  history gone in {h['topic']}: revisions {h['after'] + 1}..{h['horizon']}" for h in w["history_gone"]]
     dups = s["duplicates"]
     lines.append(f"duplicates: {dups['sequences']} sequences, {dups['extra_copies']} extra copies")
     lines += [f"  {d['publisher_id']} {d['topic']}: seq {d['seq']} x{d['copies']}" for d in dups["most_copied"]]
