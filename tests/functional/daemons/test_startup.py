@@ -68,10 +68,17 @@ def test_df_db_init_creates_the_store_daemons_then_open(tmp_path):
         d.kill()
 
 
-@pytest.mark.parametrize("name,flag", [("df-controller", "--controller.discover"), ("df-archiver", "--archive.discover")])
+#: Every daemon that opens discovery, and the flag that makes it: those that watch it, and those
+#: that announce in it.
+DISCOVERY_USERS = [("df-controller", "--controller.discover"), ("df-archiver", "--archive.discover"),
+                   ("df-feed", "--feed.announce"), ("df-publisher-service", "--publisher-service.announce")]
+
+
+@pytest.mark.parametrize("name,flag", DISCOVERY_USERS)
 def test_a_missing_discovery_table_is_refused_and_not_created(tmp_path, name, flag):
     """A daemon that watches discovery for its publishers, given a mistyped SQLite path, would
-    wait in an empty table of its own for publishers that announce elsewhere."""
+    wait in an empty table of its own for publishers that announce elsewhere; one that announces
+    would announce where nobody watches."""
     store = tmp_path / "nb.sqlite"
     open_store(f"sqlite:///{store}", ["port"]).close()
     missing = tmp_path / "typo" / "discovery.sqlite"
@@ -81,6 +88,23 @@ def test_a_missing_discovery_table_is_refused_and_not_created(tmp_path, name, fl
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{name}: no database at {missing}") and "discovery.url" in last, out.stderr
     assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize("name,flag", DISCOVERY_USERS[2:])
+def test_store_create_setting_creates_the_discovery_table_an_announcer_uses(tmp_path, name, flag):
+    store = tmp_path / "nb.sqlite"
+    open_store(f"sqlite:///{store}", ["port"]).close()
+    path = tmp_path / "new" / "discovery.sqlite"
+    # [store] create from the shared file's side: df-publisher-service has no [store] flags.
+    env = {**os.environ, "DFPUBSUB_STORE__CREATE": "true"}
+    d = DaemonProcess(name, daemon_args(name, tmp_path, f"sqlite:///{store}") + [
+        flag, "true", "--discovery.url", f"sqlite:///{path}"], env=env)
+    try:
+        d.wait_status("/readyz", 200)
+        assert path.exists()
+        assert d.terminate() == 0
+    finally:
+        d.kill()
 
 
 @pytest.mark.parametrize("backend", ["etcd", "redis"])
