@@ -26,9 +26,9 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..backends.startup import retry_unreachable
 from ..config import Settings
 from ..console import one_line, stop_on_signals
-from ..backends.startup import retry_unreachable
 from ..errors import AuthenticationError
 from ..leader import Leadership, lead
 from ..logs import RateLimitedLog
