@@ -45,7 +45,12 @@ def test_a_missing_store_is_refused_and_not_created(tmp_path, name):
 @pytest.mark.parametrize("name", STORE_USERS)
 def test_store_create_setting_creates_it(tmp_path, name):
     path = tmp_path / "new" / "nb.sqlite"
-    d = DaemonProcess(name, daemon_args(name, tmp_path, f"sqlite:///{path}") + ["--store.create", "true"])
+    _ready_having_made(path, name, daemon_args(name, tmp_path, f"sqlite:///{path}") + ["--store.create", "true"])
+
+
+def _ready_having_made(path, name, args, env=None):
+    """Daemon ``name`` turns ready, ``path`` exists, and a SIGTERM stops it cleanly."""
+    d = DaemonProcess(name, args, env=env)
     try:
         d.wait_status("/readyz", 200)
         assert path.exists()
@@ -96,15 +101,8 @@ def test_store_create_setting_creates_the_discovery_table_an_announcer_uses(tmp_
     open_store(f"sqlite:///{store}", ["port"]).close()
     path = tmp_path / "new" / "discovery.sqlite"
     # [store] create from the shared file's side: df-publisher-service has no [store] flags.
-    env = {**os.environ, "DFPUBSUB_STORE__CREATE": "true"}
-    d = DaemonProcess(name, daemon_args(name, tmp_path, f"sqlite:///{store}") + [
-        flag, "true", "--discovery.url", f"sqlite:///{path}"], env=env)
-    try:
-        d.wait_status("/readyz", 200)
-        assert path.exists()
-        assert d.terminate() == 0
-    finally:
-        d.kill()
+    _ready_having_made(path, name, daemon_args(name, tmp_path, f"sqlite:///{store}") + [
+        flag, "true", "--discovery.url", f"sqlite:///{path}"], env={"DFPUBSUB_STORE__CREATE": "true"})
 
 
 @pytest.mark.parametrize("backend", ["etcd", "redis"])
