@@ -27,7 +27,7 @@ from .errors import ClosedError, DecodeError
 from .events import CONTROL_TOPIC, Bookmark, Bye, Event, EventBatch, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
-from .resync import ResyncScheduler
+from .resync import ResyncScheduler, ResyncTopics
 from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
 from .transport import SubscriberTransport
 
@@ -392,7 +392,9 @@ class Subscriber:
             return
         ok = False
         try:
-            self.on_resync(topics)  # a set, with the reasons behind it (ResyncTopics.reasons)
+            # A copy (the handler may change it; a failed run's topics go back as taken), a set with
+            # the reasons behind it (ResyncTopics.reasons).
+            self.on_resync(ResyncTopics(topics.reasons))
             ok = True
         except Exception as exc:  # the callback reads a remote DB: any failure means "retry later"
             self.stats.inc("resync_failures")

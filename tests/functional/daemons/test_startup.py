@@ -112,7 +112,7 @@ def test_a_server_store_never_made_is_refused_until_df_db_init(tmp_path, request
     where they looked, and open it once df-db init has made it."""
     server = request.getfixturevalue(f"{backend}_server")
     url = server.url
-    for name in ("df-controller", "df-feed"):
+    for name in STORE_USERS:  # df-notify: its queues share the store's server and prefix
         out = run([exe(name), *daemon_args(name, tmp_path, url), "--store.prefix", "typo", "--log.format", "json"])
         assert out.returncode == 1, out.stderr
         last = out.stderr.strip().splitlines()[-1]
@@ -122,12 +122,13 @@ def test_a_server_store_never_made_is_refused_until_df_db_init(tmp_path, request
         assert not store.initialized(), "refusing to start made the store"
     init = run([exe("df-db"), "--store", url, "-o", "json", "init"], env={**os.environ, "DFPUBSUB_STORE__PREFIX": "typo"})
     assert init.returncode == 0, init.stderr
-    d = DaemonProcess("df-controller", daemon_args("df-controller", tmp_path, url, store__prefix="typo"))
-    try:
-        d.wait_status("/readyz", 200)
-        assert d.terminate() == 0
-    finally:
-        d.kill()
+    for name in ("df-controller", "df-notify"):
+        d = DaemonProcess(name, daemon_args(name, tmp_path, url, store__prefix="typo"))
+        try:
+            d.wait_status("/readyz", 200)
+            assert d.terminate() == 0
+        finally:
+            d.kill()
 
 
 @pytest.mark.parametrize("flags,message", BAD_SETTINGS, ids=[" ".join(f) for f, _ in BAD_SETTINGS])
