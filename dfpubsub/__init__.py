@@ -11,6 +11,7 @@ from .config import Settings, load_settings
 from .controller.cache import Change, VersionedCache
 from .controller.reconciler import DONE, REQUEUE, ObjectKey, Reconciler, Result, TableHandler
 from .controller.relist import Relisted, relist
+from .controller.repairer import Repairer
 from .controller.runtime import Controller, ControllerOptions, FailedKey
 from .errors import (
     AlreadyExists,
@@ -101,4 +102,5 @@ __all__ = [
     "load_driver",
     "load_settings",
     "relist",
+    "Repairer",
 ]

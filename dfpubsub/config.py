@@ -140,9 +140,9 @@ class StoreSettings(_Section):
     )
     max_value_bytes: int = Field(1 << 20, ge=1024, description="Largest object value, bytes (msgpack).")
     prefix: str = Field("dfpubsub", description="Key namespace on etcd and Redis.")
-    create: bool = Field(False, description="Daemons create a store that does not exist (else they refuse to start: "
-                         "a mistyped path, Redis database or prefix must not become an empty store; df-db init "
-                         "creates one).")
+    create: bool = Field(False, description="Daemons create a store (and a SQLite discovery table) that does not "
+                         "exist (else they refuse to start: a mistyped path, Redis database or prefix must not "
+                         "become an empty store; df-db init creates one).")
 
 
 class NbApiSettings(_Section):

@@ -27,7 +27,7 @@ from .errors import ClosedError, DecodeError
 from .events import CONTROL_TOPIC, Bookmark, Bye, Event, EventBatch, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
-from .resync import ResyncScheduler
+from .resync import ResyncScheduler, ResyncTopics
 from .tracker import ResyncRequest, SequenceTracker, TrackerLimits
 from .transport import SubscriberTransport
 
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 EventHandler = Callable[[Event], None]
 #: Called with the events of one envelope at a time (see ``Subscriber(on_events=...)``).
 EventsHandler = Callable[[list[Event]], None]
-#: Called with the topics to resync; must list the source of truth and reconcile.
+#: Called with the topics to resync; must list the source of truth and reconcile. The set is a
+#: :class:`~dfpubsub.resync.ResyncTopics`: its ``reasons`` say why each topic is resynced.
 ResyncHandler = Callable[[set[str]], None]
 #: Called with a hello's bookmark, in band behind the envelopes it vouches for (see ``Subscriber``).
 BookmarkHandler = Callable[[Bookmark], None]
@@ -151,7 +152,7 @@ class Subscriber:
             self.transport.subscribe(topic)
         self.transport.subscribe(CONTROL_TOPIC)
         if self.options.initial_sync and self.on_resync is not None and self._topics:
-            self.scheduler.request(self._topics)
+            self.scheduler.request(self._topics, "subscribed")
         else:
             self._synced_topics.update(self._topics)
             self.synced.set()
@@ -318,7 +319,7 @@ class Subscriber:
             # and the resync only reports what was really missed.
             self._queue.put_nowait(req)
         except queue.Full:
-            self.scheduler.request((req.topic,))
+            self.scheduler.request((req.topic,), req.reason)
 
     # -- dispatch thread ---------------------------------------------------------
 
@@ -342,7 +343,7 @@ class Subscriber:
             elif type(item) is ResyncRequest:
                 if self.on_passed is not None:
                     self._call(self.on_passed, item)
-                scheduler.request((item.topic,))
+                scheduler.request((item.topic,), item.reason)
             elif type(item) is Bookmark and self.on_bookmark is not None:
                 self._call(self.on_bookmark, item)
 
@@ -386,12 +387,14 @@ class Subscriber:
     def _maybe_resync(self) -> None:
         if self.on_resync is None:
             return
-        topics = self.scheduler.take(time.monotonic()) & self._topics
+        topics = self.scheduler.take(time.monotonic()).only(self._topics)
         if not topics:
             return
         ok = False
         try:
-            self.on_resync(set(topics))
+            # A copy (the handler may change it; a failed run's topics go back as taken), a set with
+            # the reasons behind it (ResyncTopics.reasons).
+            self.on_resync(ResyncTopics(topics.reasons))
             ok = True
         except Exception as exc:  # the callback reads a remote DB: any failure means "retry later"
             self.stats.inc("resync_failures")

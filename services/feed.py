@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if feed is None:
             return 0
         if fs.announce:
-            discovery = found = discovery_from_settings(settings, create=True)
+            discovery = found = discovery_from_settings(settings)
             announcer = daemon.open("discovery", lambda: PublisherAnnouncer(
                 found, pub, advertise_host=fs.advertise_host or None, role="feed"))
             if announcer is None:

@@ -31,7 +31,7 @@ from dfpubsub.notify.bridge import NotificationBridge
 from dfpubsub.notify.delivery import DeliveryOptions, DeliveryWorker
 from dfpubsub.notify.producer import Notifier
 from dfpubsub.notify.wiring import queues_from_settings, registry_from_settings
-from dfpubsub.store import MISSING_HINT
+from dfpubsub.store import MISSING_HINT, open_store_from_settings
 
 log = logging.getLogger("df-notify")
 
@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon("df-notify", worker_id, settings)
     if not settings.store.create:
         require_sqlite_file(n.url or settings.store.url, MISSING_HINT)
+        if n.url in ("", settings.store.url) and not settings.store.url.startswith("sqlite"):
+            # The queues share the store's server and prefix, which its writers (and df-db init) made:
+            # a prefix nobody made is a typo, whose empty queues would look like nothing to deliver.
+            store = daemon.open("store", lambda: open_store_from_settings(settings))
+            if store is None:
+                return 0
+            store.close()
     queues = daemon.open("queues", lambda: queues_from_settings(settings))
     if queues is None:
         return 0

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         relay = Relay(ingress, egress, name, RelayOptions(ps.max_idle_time, ps.dead_after_idles, ps.max_message_bytes,
                                                           service.max_workers, service.max_topics), stats)
         if settings.publisher_service.announce:
-            discovery = found = discovery_from_settings(settings, create=True)
+            discovery = found = discovery_from_settings(settings)
             announcer = daemon.open("discovery", lambda: PublisherAnnouncer(
                 found, relay, advertise_host=settings.publisher_service.advertise_host or None))
             if announcer is None:

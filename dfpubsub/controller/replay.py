@@ -48,7 +48,7 @@ from ..events import Action, VersionedObject
 from ..store import FeedEntry, Store
 from .cache import Change, VersionedCache
 
-__all__ = ["AheadOfStore", "Replayed", "TooFarBehind", "replay"]
+__all__ = ["AheadOfStore", "Replayed", "TooFarBehind", "replay", "replay_limit"]
 
 _DELETE = Action.DELETE
 #: Objects per get_many: one request each, small enough for every backend's limits.
@@ -78,6 +78,13 @@ class Replayed(NamedTuple):
     objects: int
     position: int
     complete: bool
+
+
+def replay_limit(store: Store, cache: VersionedCache, ratio: float) -> int:
+    """The most feed entries a replay may read before a relist reads less (OVSDB's rule):
+    ``ratio`` of the cached objects (at least 1000), divided by what an entry costs against an
+    object's version in a listing, by the backend's measure (:attr:`Store.feed_entry_cost`)."""
+    return int(ratio * max(len(cache), 1000) / store.feed_entry_cost)
 
 
 def replay(store: Store, cache: VersionedCache, topics: set[str], after: int, *, max_entries: int,

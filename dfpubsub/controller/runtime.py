@@ -40,6 +40,7 @@ from ..errors import HistoryGone
 from ..events import Action, Bookmark, Event, VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
+from ..resync import ResyncTopics
 from ..store import Store
 from ..subscriber import Subscriber, SubscriberOptions
 from ..tracker import ResyncRequest
@@ -50,7 +51,7 @@ from .indexer import Indexer, IndexFunc, Lister
 from .ratelimit import ExponentialBackoff, RateLimiter, TokenBucket
 from .reconciler import HandlerReconciler, ObjectKey, Reconciler, Result, TableHandler
 from .relist import relist
-from .replay import AheadOfStore, TooFarBehind, replay
+from .replay import AheadOfStore, TooFarBehind, replay, replay_limit
 from .snapshot import Snapshots
 from .workqueue import WorkQueue
 
@@ -223,10 +224,7 @@ class Controller:
         self._proven: dict[str, int] = {}
         self.feed_streams = FeedStreams(feeds) if feeds is not None else None
         self._touched: set[_Ident] = set()  # changed by events since the last repair, not yet checked
-        self._causes: dict[str, set[str]] = {}
-        self._causes_lock = threading.Lock()
         self._last_repair = time.monotonic()
-        self._on_gap = on_gap
         #: The latest repair (None before the first sync).
         self.last_repair: Repair | None = None
         stats.set("repair_position", lambda: min(self.positions.values(), default=0))
@@ -240,7 +238,7 @@ class Controller:
         #: With a ``state_dir``: warm restarts from a snapshot there (:mod:`.snapshot`).
         self.snapshots = Snapshots(self, state_dir, rt.snapshot_interval, transforms or {}) if state_dir else None
         self.subscriber = Subscriber(
-            transport, topics, None, self._on_resync, options, name, self._note_gap, stats, on_events=self._on_events,
+            transport, topics, None, self._on_resync, options, name, on_gap, stats, on_events=self._on_events,
             on_bookmark=self._on_bookmark if feeds is not None else None,
             on_passed=self._on_passed if feeds is not None else None,
         )
@@ -417,20 +415,15 @@ class Controller:
         self._listed |= topics
         return truth
 
-    def _note_gap(self, request: ResyncRequest) -> None:
-        """Remember why each topic is to be repaired (for the count), then tell ``on_gap``."""
-        with self._causes_lock:
-            self._causes.setdefault(request.topic, set()).add(_CAUSES.get(request.reason, "gap"))
-        if self._on_gap is not None:
-            self._on_gap(request)
-
     def _on_resync(self, topics: set[str]) -> None:
         with self._repair_lock:
             self._resync(topics)
 
     def _resync(self, topics: set[str]) -> None:
-        with self._causes_lock:
-            causes = set().union(*(self._causes.pop(t, ()) for t in topics))
+        # Why each topic is repaired came with it from the subscriber's resync scheduler (a failed
+        # repair's reasons come back with its next run): counted under one cause.
+        reasons = topics.reasons if isinstance(topics, ResyncTopics) else {}
+        causes = {_CAUSES.get(r, "gap") for rs in reasons.values() for r in rs}
         if self.snapshots is not None and self.snapshots.pending:
             self.snapshots.verify()
             causes.add("first_sync")  # a resumed start's replay is its first sync
@@ -442,13 +435,7 @@ class Controller:
             cause = "first_sync"
             self.stats.inc("relists", reason=cause)
         else:
-            try:
-                changes, changed, read, entries, how, cause = self._repair(topics, cause)
-            except BaseException:  # retried later (the subscriber backs off): under the same causes
-                with self._causes_lock:
-                    for topic in topics:
-                        self._causes.setdefault(topic, set()).update(causes)
-                raise
+            changes, changed, read, entries, how, cause = self._repair(topics, cause)
         self._last_repair = time.monotonic()
         position = min(self.positions.values(), default=0)
         self.last_repair = Repair(how, cause, tuple(sorted(topics)), entries, read, changed, position, time.time())
@@ -484,9 +471,7 @@ class Controller:
             touched |= self.cache.take_touched()
             if cause == "checkpoint" and not touched and positions != self._proven and self._prove():
                 return [], 0, 0, 0, "proof", cause
-            # OVSDB's rule: replay unless a listing reads less (a feed entry costs more than an
-            # object's version in a listing, by the backend's measure).
-            limit = int(self.runtime.replay_max_ratio * max(len(self.cache), 1000) / self.store.feed_entry_cost)
+            limit = replay_limit(self.store, self.cache, self.runtime.replay_max_ratio)
             try:
                 try:
                     done = replay(self.store, self.cache, covered, min(positions.values()), max_entries=limit,

@@ -26,12 +26,12 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..backends.startup import retry_unreachable
 from ..config import Settings
 from ..console import one_line, stop_on_signals
-from ..errors import AuthenticationError, StoreMissing, StoreUnavailable, TransportError
+from ..errors import AuthenticationError
 from ..leader import Leadership, lead
 from ..logs import RateLimitedLog
-from ..retry import Backoff
 from .health import Health
 from .probes import ProbeServer
 from .systemd import sd_notify, watchdog_interval
@@ -40,10 +40,6 @@ __all__ = ["Daemon"]
 
 T = TypeVar("T")
 log = logging.getLogger("dfpubsub.daemon")
-
-#: Seconds between two attempts to reach a backend at start-up: 0.5 doubling to this.
-RETRY_MAX = 10.0
-
 
 class Daemon:
     """Daemon ``prog`` (``df-feed``...) named ``name``; ``settings`` already checked. Serves
@@ -67,22 +63,17 @@ class Daemon:
         """``opener()``, retried with backoff while it fails because a backend (``what``: "store",
         "queues"...) does not answer or refuses the credentials; readiness check ``what`` says why
         meanwhile. None if the daemon was told to stop first. Any other error (a missing store, a
-        bad setting) is raised: it needs a person, not a retry."""
-        backoff = Backoff(0.5, RETRY_MAX)
-        while not self.stop.is_set():
-            try:
-                value = opener()
-            except StoreMissing:
-                raise
-            except (StoreUnavailable, TransportError, AuthenticationError) as exc:
-                reason = one_line(exc)
-                self.health.problem(what, f"{'refused' if isinstance(exc, AuthenticationError) else 'unreachable'}: {reason}")
-                self._warn.warning(what, f"cannot reach the {what}; retrying", daemon=self.prog, error=reason)
-                self.stop.wait(backoff.failed())
-                continue
+        bad setting) is raised: it needs a person, not a retry (:mod:`dfpubsub.backends.startup`)."""
+
+        def failed(exc: Exception) -> None:
+            reason = one_line(exc)
+            self.health.problem(what, f"{'refused' if isinstance(exc, AuthenticationError) else 'unreachable'}: {reason}")
+            self._warn.warning(what, f"cannot reach the {what}; retrying", daemon=self.prog, error=reason)
+
+        value = retry_unreachable(opener, failed, stop=self.stop)
+        if value is not None:
             self.health.problem(what, None)
-            return value
-        return None
+        return value
 
     def lead(self) -> Leadership | None:
         """The lease to act under: with ``[leader] enabled``, stand by until this instance holds it

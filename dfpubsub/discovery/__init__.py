@@ -93,12 +93,13 @@ def open_discovery(
 
 def discovery_from_settings(settings: Settings, create: bool = False) -> Discovery:
     """Open discovery as ``[discovery]`` says (its ``url`` defaults to ``store.url``). Unless
-    ``create`` (an announcer's rows make the table), a SQLite table's file must exist
-    (:class:`~dfpubsub.errors.StoreMissing`): a watcher given a mistyped path would otherwise
-    make an empty table and wait there for publishers that announce elsewhere."""
+    ``create`` (``df-db init``) or ``[store] create``, a SQLite table's file must exist
+    (:class:`~dfpubsub.errors.StoreMissing`), as the store's must: a watcher given a mistyped
+    path would otherwise make an empty table and wait there for publishers that announce
+    elsewhere, and an announcer would announce where nobody watches."""
     d = settings.discovery
     url = d.url or settings.store.url
-    if not create:
+    if not (create or settings.store.create):
         require_sqlite_file(url, "create it with df-db init, or fix discovery.url (empty: the store's URL)")
     return open_discovery(url, d.ttl, d.renew_interval, d.prefix)
 

@@ -1,8 +1,10 @@
 """Discovery in etcd (``etcd://host:port[,host:port...]``) over gRPC, with aetcd's messages and stubs.
 
-Like the etcd store: gRPC's synchronous API on a thread-safe channel, aetcd's
-generated stubs and protobuf messages only, a channel that failed is closed
-and the next call connects to the next endpoint.
+Like the etcd store, on the shared :class:`~dfpubsub.backends.etcd.EtcdChannel`: gRPC's
+synchronous API on a thread-safe channel, aetcd's generated stubs and protobuf messages only, a
+channel that failed is closed and the next call connects to the next endpoint, and around an
+``os.fork()`` the channels are closed (the calls in flight cancelled: a renewal or the watch
+then resumes) and reopened on both sides.
 
 - A registration is a lease with the TTL (etcd counts whole seconds and
   raises a TTL below its minimum, 2 s by default: :attr:`EtcdDiscovery.lease_ttl`
@@ -20,28 +22,22 @@ and the next call connects to the next endpoint.
   last revision it processed, and lists again only if etcd compacted that
   revision away. Progress requests every few seconds detect a stream that
   went silent (a network partition does not close it); no answer within
-  three rounds and the stream is dropped and resumed.
-
-gRPC does not survive a fork with a call in flight: open discovery after
-forking workers (a forked child must open its own).
+  three rounds and the stream is dropped and resumed (on the next endpoint).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..backends.etcd import UNAVAILABLE, Endpoints, keep_alive_once, status_code
+from ..backends.etcd import EtcdChannel, keep_alive_once, register_fork_hooks, unregister_fork_hooks
 from ..errors import StoreError, StoreUnavailable
 from ..retry import Backoff
 from .api import Discovery, PublisherRecord, RecordCallback, Watcher
@@ -56,65 +52,9 @@ class _LeaseGone(StoreError):
     """etcd no longer knows the lease (it expired)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Stubs:
-    pid: int
-    channel: grpc.Channel
+class _Stubs(NamedTuple):
     kv: Any
     lease: Any
-
-
-class _Connection:
-    """One lazily opened channel with KV and Lease stubs, shared by every unary call."""
-
-    def __init__(self, url: str, timeout: float):
-        self.url = url
-        self.timeout = timeout
-        self._endpoints = Endpoints(url)
-        self._lock = threading.Lock()
-        self._stubs: _Stubs | None = None
-
-    def where(self) -> str:
-        return self._endpoints.where()
-
-    def new_channel(self) -> grpc.Channel:
-        """A channel of the caller's own (for a stream), to the first endpoint that answers."""
-        with self._lock:
-            return self._endpoints.open()
-
-    def call(self, what: str, fn: Callable[[_Stubs], T]) -> T:
-        """Run ``fn(stubs)`` (RPCs with deadlines only); gRPC failures become typed errors."""
-        with self._lock:
-            stubs = self._stubs
-            if stubs is None or stubs.pid != os.getpid():  # a forked child never touches the parent's channel
-                channel = self._endpoints.open()
-                stubs = self._stubs = _Stubs(os.getpid(), channel, rpc.KVStub(channel), rpc.LeaseStub(channel))
-        try:
-            return fn(stubs)
-        except grpc.RpcError as exc:
-            code = status_code(exc)
-            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            if code == grpc.StatusCode.NOT_FOUND and "lease not found" in (details or ""):
-                raise _LeaseGone(f"etcd lease gone ({what})") from None
-            if code is not None and code not in UNAVAILABLE:
-                raise StoreError(f"etcd at {self.where()} refused {what}: {code.name}: {details}") from None
-            self._drop(stubs)
-            raise StoreUnavailable(f"etcd at {self.where()} is unavailable ({what}): {details}") from None
-        except ValueError:  # gRPC refuses a call on a channel that a failure or close() closed
-            raise StoreUnavailable(f"etcd discovery {self.url} was closed during {what}") from None
-
-    def _drop(self, stubs: _Stubs) -> None:
-        with self._lock:
-            if self._stubs is stubs:
-                self._stubs = None
-                self._endpoints.failed()
-        stubs.channel.close()
-
-    def close(self) -> None:
-        with self._lock:
-            stubs, self._stubs = self._stubs, None
-        if stubs is not None and stubs.pid == os.getpid():
-            stubs.channel.close()
 
 
 class EtcdDiscovery(Discovery):
@@ -125,12 +65,23 @@ class EtcdDiscovery(Discovery):
     def __init__(self, url: str, ttl: float, renew_interval: float, prefix: str = "dfpubsub",
                  timeout: float | None = None):
         super().__init__(url, ttl, renew_interval, prefix, timeout)
-        self._conn = _Connection(url, self.timeout)
+        self._conn = EtcdChannel(url, self.timeout, lambda ch: _Stubs(rpc.KVStub(ch), rpc.LeaseStub(ch)))
+        register_fork_hooks(self._conn)
         self.root = f"/{prefix}/publishers/".encode()
         #: The lease TTL asked for; etcd may grant more (see :attr:`lease_ttl`).
         self._asked_ttl = max(1, math.ceil(self.ttl))
         #: Whole seconds a lease lives without keep-alive, as etcd granted it.
         self.lease_ttl = self._asked_ttl
+
+    def _call(self, fn: Callable[[_Stubs], T]) -> T:
+        """``fn(stubs)`` on the shared channel (RPCs with deadlines only); a lease etcd no longer
+        knows is :class:`_LeaseGone`."""
+        try:
+            return self._conn.call(fn)
+        except StoreError as exc:
+            if not isinstance(exc, StoreUnavailable) and "lease not found" in str(exc):
+                raise _LeaseGone(str(exc)) from None
+            raise
 
     @property
     def effective_ttl(self) -> float:
@@ -144,14 +95,12 @@ class EtcdDiscovery(Discovery):
 
     def _create(self, record: PublisherRecord) -> int:
         t = self.timeout
-        grant = self._conn.call("lease grant", lambda s: s.lease.LeaseGrant(
-            rpc.LeaseGrantRequest(TTL=self._asked_ttl), timeout=t))
+        grant = self._call(lambda s: s.lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=self._asked_ttl), timeout=t))
         if grant.error:
             raise StoreError(f"etcd refused a lease: {grant.error}")
         self.lease_ttl = int(grant.TTL)
         try:
-            self._conn.call("register", lambda s: s.kv.Txn(rpc.TxnRequest(success=[self._put(record, grant.ID)]),
-                                                           timeout=t))
+            self._call(lambda s: s.kv.Txn(rpc.TxnRequest(success=[self._put(record, grant.ID)]), timeout=t))
         except StoreError:
             try:
                 self._revoke(grant.ID)
@@ -162,7 +111,7 @@ class EtcdDiscovery(Discovery):
 
     def _keep_alive(self, lease: int) -> int:
         """One keep-alive exchange; the lease's TTL after it (0: the lease is gone)."""
-        return self._conn.call("lease keep-alive", lambda s: keep_alive_once(s.lease, lease, self.timeout))
+        return self._call(lambda s: keep_alive_once(s.lease, lease, self.timeout))
 
     def _renew(self, handle: Any, record: PublisherRecord, rewrite: bool) -> int:
         lease = int(handle)
@@ -175,7 +124,7 @@ class EtcdDiscovery(Discovery):
         request = rpc.TxnRequest(compare=[attached], success=[self._put(record, lease)] if rewrite else [],
                                  failure=[self._put(record, lease)])
         try:
-            response = self._conn.call("renew", lambda s: s.kv.Txn(request, timeout=self.timeout))
+            response = self._call(lambda s: s.kv.Txn(request, timeout=self.timeout))
         except _LeaseGone:  # expired between the keep-alive and the write
             return self._create(record)
         if not response.succeeded:
@@ -185,21 +134,19 @@ class EtcdDiscovery(Discovery):
 
     def _revoke(self, lease: int) -> None:
         try:
-            self._conn.call("lease revoke", lambda s: s.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease),
-                                                                          timeout=self.timeout))
+            self._call(lambda s: s.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease), timeout=self.timeout))
         except _LeaseGone:
             pass
 
     def _remove(self, handle: Any, record: PublisherRecord) -> None:
         key = self._key(record)
-        self._conn.call("unregister", lambda s: s.kv.DeleteRange(rpc.DeleteRangeRequest(key=key),
-                                                                 timeout=self.timeout))
+        self._call(lambda s: s.kv.DeleteRange(rpc.DeleteRangeRequest(key=key), timeout=self.timeout))
         self._revoke(int(handle))
 
     def _range(self) -> tuple[dict[str, PublisherRecord], dict[str, int], int]:
         """The records under the prefix, their leases and the revision read."""
         request = rpc.RangeRequest(key=self.root, range_end=prefix_range_end(self.root))
-        response = self._conn.call("list", lambda s: s.kv.Range(request, timeout=self.timeout))
+        response = self._call(lambda s: s.kv.Range(request, timeout=self.timeout))
         records: dict[str, PublisherRecord] = {}
         leases: dict[str, int] = {}
         skip = len(self.root)
@@ -221,7 +168,7 @@ class EtcdDiscovery(Discovery):
             lease = leases[publisher_id]
             left: float | None = None
             if lease:
-                ttl = self._conn.call("lease time-to-live", functools.partial(self._time_to_live, lease)).TTL
+                ttl = self._call(functools.partial(self._time_to_live, lease)).TTL
                 if ttl < 0:  # expired, the key not yet deleted
                     continue
                 left = float(ttl)
@@ -233,7 +180,8 @@ class EtcdDiscovery(Discovery):
         return _EtcdWatcher(self, on_added, on_removed, on_updated)
 
     def _close(self) -> None:
-        self._conn.close()
+        unregister_fork_hooks(self._conn)
+        self._conn.close(final=True)
 
 
 class _EtcdWatcher(Watcher):
@@ -245,6 +193,10 @@ class _EtcdWatcher(Watcher):
                  on_updated: RecordCallback | None):
         super().__init__(discovery, on_added, on_removed, on_updated)
         self._revision = 0  # last revision processed; 0: list again
+        # The stream's own channel (a failure there leaves the renewals' alone); its failures move
+        # it to the next endpoint, and a fork cancels the stream, which resumes after it.
+        self._channel = EtcdChannel(discovery.url, discovery.timeout, rpc.WatchStub)
+        register_fork_hooks(self._channel)
         self._stream_lock = threading.Lock()
         self._stream: Any = None  # the Watch call in progress, for close() to cancel
         self._progress_every = max(1.0, discovery.renew_interval)
@@ -269,26 +221,27 @@ class _EtcdWatcher(Watcher):
 
     def _run(self) -> None:
         backoff = Backoff(0.1, 1.0)
-        while not self._stop.is_set():
-            try:
-                if self._revision == 0:
-                    self.relists += 1
-                    self._relist()
-                if self._follow():
-                    backoff.reset()
-            except grpc.RpcError as exc:
-                if self._stop.is_set():
-                    return
-                details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-                self.discovery._trouble.warning("watch-etcd", "discovery watch broke; resuming",
-                                                error=str(details), revision=self._revision)
-            except StoreError as exc:
-                self.discovery._trouble.warning("watch-etcd", "discovery watch failed; retrying", error=str(exc))
-            self._stop.wait(backoff.failed())
+        try:
+            while not self._stop.is_set():
+                try:
+                    if self._revision == 0:
+                        self.relists += 1
+                        self._relist()
+                    if self._channel.call(self._follow):
+                        backoff.reset()
+                except StoreError as exc:
+                    if self._stop.is_set():
+                        return
+                    self.discovery._trouble.warning("watch-etcd", "discovery watch broke; resuming",
+                                                    error=str(exc), revision=self._revision)
+                self._stop.wait(backoff.failed())
+        finally:
+            unregister_fork_hooks(self._channel)
+            self._channel.close(final=True)
 
-    def _follow(self) -> bool:
-        """Watch from ``_revision + 1`` until the stream ends; whether anything was received."""
-        channel = self.discovery._conn.new_channel()
+    def _follow(self, watch: Any) -> bool:
+        """Watch from ``_revision + 1`` on ``watch`` (the Watch stub) until the stream ends; whether
+        anything was received. A gRPC error is left to the channel's call to map."""
         root = self.discovery.root
         last_seen = [time.monotonic()]
         received = False
@@ -306,7 +259,7 @@ class _EtcdWatcher(Watcher):
             with self._stream_lock:
                 if self._stop.is_set():
                     return False
-                self._stream = responses = rpc.WatchStub(channel).Watch(requests())
+                self._stream = responses = watch.Watch(requests())
                 self.streams += 1
             skip = len(root)
             for response in responses:
@@ -333,4 +286,3 @@ class _EtcdWatcher(Watcher):
         finally:
             with self._stream_lock:
                 self._stream = None
-            channel.close()

@@ -13,14 +13,18 @@ aetcd nor redis installed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..backends.extras import needs_extra
 from ..backends.sqlite import require_sqlite_file, sqlite_path
+from ..backends.startup import retry_unreachable
 from ..backends.urls import REDIS_SCHEMES, redacted
+from ..console import one_line
 from ..errors import ConfigError, StoreMissing
+from ..logs import RateLimitedLog
 from .api import DEFAULT_MAX_VALUE_BYTES, AsyncStore, ObjectVersion, Store
 from .feed import FeedEntry, FeedReader, FeedRetention
 
@@ -63,10 +67,28 @@ def open_store(url: str, tables: Iterable[str], **options: Any) -> Store:
     raise ConfigError(f"unknown store URL {url!r}; use sqlite:///path, etcd://host:port, redis://host:port/db or redis+sentinel://host:port[,host:port]/master/db")
 
 
-def open_store_from_settings(settings: Settings, create: bool = False) -> Store:
+def open_store_from_settings(settings: Settings, create: bool = False, *, wait: float | None = 0.0) -> Store:
     """Open the store that ``[store]`` describes. With ``create`` or ``[store] create`` it is made
     if it was not (:meth:`Store.initialize`); otherwise it must have been
-    (:class:`~dfpubsub.errors.StoreMissing`, naming where it was looked for)."""
+    (:class:`~dfpubsub.errors.StoreMissing`, naming where it was looked for, at once).
+
+    ``wait`` is the daemons' start-up policy (:mod:`dfpubsub.backends.startup`) for a library
+    user's own: a store that does not answer, or refuses the credentials, is tried again with
+    backoff (0.5 s doubling to 10 s, a warning at most every 10 s) for up to ``wait`` seconds,
+    None for as long as it takes; then its StoreUnavailable (or AuthenticationError) is raised.
+    The default, 0, tries once."""
+    url = redacted(settings.store.url)
+    store = retry_unreachable(lambda: _open_configured(settings, create), lambda exc: _warn.warning(
+        url, "cannot reach the store; retrying", store=url, error=one_line(exc)), wait=wait)
+    assert store is not None  # no stop event: it returns a store or raises
+    return store
+
+
+#: The warning a library user's wait logs, at most every 10 s per store (as a daemon's).
+_warn = RateLimitedLog(logging.getLogger(__name__), interval=10.0)
+
+
+def _open_configured(settings: Settings, create: bool) -> Store:
     s = settings.store
     make = create or s.create
     if not make:

@@ -512,17 +512,19 @@ def _nats_version(binary: str) -> tuple[int, ...]:
 
 class NatsServer(ServerProcess):
     """nats-server with JetStream, its store in the work dir (kept across ``restart()``); its
-    monitoring port answers readiness. ``args`` are extra flags (``--user``, ``--tls`` ...).
+    monitoring port answers readiness. ``args`` are extra flags (``--user``, ``--tls``, ``-c``
+    with a config file ...); ``jetstream=False``: core NATS only.
     In a :class:`NatsCluster`, ``cluster`` holds its route port, the cluster's name and its
     peers' route ports."""
 
     binary = "nats-server"
 
-    def __init__(self, workdir: Path, args: tuple[str, ...] = (), host: str = "127.0.0.1"):
+    def __init__(self, workdir: Path, args: tuple[str, ...] = (), host: str = "127.0.0.1", jetstream: bool = True):
         self.binary = nats_server_binary()
         super().__init__(workdir, host)
         self.monitor_port = free_port()
         self.args = args
+        self.jetstream = jetstream
         self.name = f"dfpubsub-test-{self.port}"
 
     @property
@@ -532,7 +534,7 @@ class NatsServer(ServerProcess):
     def argv(self) -> list[str]:
         return [
             self.binary, "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
-            "-n", self.name, "-js", "-sd", str(self.workdir / "jetstream"), *self.args,
+            "-n", self.name, *(("-js", "-sd", str(self.workdir / "jetstream")) if self.jetstream else ()), *self.args,
         ]
 
     def ready(self) -> bool:

@@ -38,6 +38,14 @@ counts them (``drops{reason="stream_limits"}``) and reports its topics lost,
 which the core resyncs. A stream that was deleted and made again, or a server
 that lost its store, is reported as ``"reset"`` and read on from its end.
 
+Joining. A subscriber whose control topic is subscribed and start fixed sends one
+core NATS message on ``{prefix}.joins`` (outside the stream); publishers count
+them and answer with a welcome hello, stored after the newcomer's start.
+
+JetStream is required: a server without it (nothing answers the JetStream API)
+is a :class:`~dfpubsub.errors.ConfigError` at ``subscribe()`` and a
+:class:`~dfpubsub.errors.TransportError` naming it at every ``send()``.
+
 Credentials and TLS come from the ``[nats]`` settings section (user and
 password, token, NKey seed file or creds file; CA, client certificate).
 """

@@ -22,13 +22,13 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from dfpubsub.backends.access import nats_access
 from dfpubsub.errors import ClosedError, ConfigError, TransportError
 from dfpubsub.logs import RateLimitedLog
 
-__all__ = ["Connection", "cluster_size", "ensure_stream", "parse_servers", "public_url"]
+__all__ = ["Connection", "cluster_size", "ensure_stream", "join_subject", "no_jetstream", "parse_servers", "public_url"]
 
 T = TypeVar("T")
 _SCHEMES = ("nats", "tls")
@@ -109,6 +109,10 @@ class Connection:
     async def _run(self, fn: Callable[[JetStreamContext], Awaitable[T]]) -> T:
         try:
             return await fn(await self.jetstream())
+        except ServiceUnavailableError as exc:
+            if exc.code is None:  # no responders: nothing serves the JetStream API here
+                raise ConfigError(no_jetstream(self.uri)) from exc
+            raise TransportError(f"NATS at {self.uri}: {type(exc).__name__}: {exc}") from exc
         except (TimeoutError, NatsError, OSError) as exc:
             raise TransportError(f"NATS at {self.uri}: {type(exc).__name__}: {exc}") from exc
 
@@ -176,6 +180,20 @@ class Connection:
         self._thread.join(self.timeout)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+def no_jetstream(uri: str) -> str:
+    """What a server without JetStream is told: the driver keeps every envelope in a stream, core
+    NATS alone (at most once, no replay) would lose what a subscriber misses while away."""
+    return (f"NATS at {uri} has no JetStream (nothing answers its API): the nats driver keeps envelopes in a "
+            "JetStream stream; start nats-server with -js (or a jetstream block in its config), or enable "
+            "JetStream for the account")
+
+
+def join_subject(prefix: str) -> str:
+    """Where a subscriber says it joined, so that publishers welcome it with a hello: a core NATS
+    subject outside the stream (``{prefix}.ps.>``), whose messages nobody needs to keep."""
+    return f"{prefix}.joins"
 
 
 def cluster_size(nc: Client, servers: list[str]) -> int:

@@ -8,6 +8,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.js.client import JetStreamContext
 
@@ -17,7 +19,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.retry import Backoff
 from dfpubsub.transport import PublisherTransport
 
-from .connection import Connection, cluster_size, ensure_stream
+from .connection import Connection, cluster_size, ensure_stream, join_subject
 from .layout import msg_id, subject_of
 
 if TYPE_CHECKING:
@@ -70,6 +72,9 @@ class NatsPublisher(PublisherTransport):
         self._acked_at = 0.0  # when an acknowledgement last came (set on the loop)
         self._failed_at = 0.0
         self._stream_ok = False
+        self._joins = 0  # join notices received (counted on the loop)
+        self._joins_seen = 0  # ... of which new_subscribers() told (read on the publisher's thread)
+        self._join_sub: Subscription | None = None
         self._closed = False
 
     @property
@@ -118,8 +123,20 @@ class NatsPublisher(PublisherTransport):
         raise TransportError(error)
 
     async def _ensure_stream(self, js: JetStreamContext) -> None:
+        if self._join_sub is None:  # kept through reconnects by the client
+            self._join_sub = await self._conn.nc().subscribe(join_subject(self._opts.prefix), cb=self._joined)
         await ensure_stream(js, self._opts.stream, self._root + ">", self._opts.stream_limits(cluster_size(self._conn.nc(), self._conn.servers)))
         self._stream_ok = True
+
+    async def _joined(self, msg: Msg) -> None:
+        self._joins += 1
+
+    def new_subscribers(self) -> int:
+        """Subscribers that said they joined since the last call (their notice is best effort: one
+        lost waits for the next idle hello, as with every other driver)."""
+        joins = self._joins
+        joined, self._joins_seen = joins - self._joins_seen, joins
+        return joined
 
     def _start(self, subject: str, frame: bytes, headers: dict[str, Any] | None) -> None:
         """On the loop, in the order sent: tasks start in the order they are made, so the

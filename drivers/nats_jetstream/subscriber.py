@@ -22,7 +22,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.retry import Backoff
 from dfpubsub.transport import SubscriberTransport
 
-from .connection import Connection, cluster_size, ensure_stream
+from .connection import Connection, cluster_size, ensure_stream, join_subject
 from .layout import subject_of, topic_of
 from .position import Position, PositionFile
 from .pull import Pull
@@ -66,6 +66,7 @@ class NatsSubscriber(SubscriberTransport):
         self._closed = False
         self._task: concurrent.futures.Future[None] | None = None
         self._saved_at = 0.0
+        self._joined = False  # the join notice went out (or is on its way)
 
     @property
     def position(self) -> int:
@@ -81,16 +82,21 @@ class NatsSubscriber(SubscriberTransport):
             self._topics = {**self._topics, subject_of(self._root, topic): topic}
             start = self._task is None
         if not start:
+            self._maybe_join()
             return
         saved = self._file.load() if self._file is not None else None
         if saved is not None and saved.stream != self._opts.stream:
             saved = None  # another stream's: it says nothing of this one
         try:
             info = self._conn.call(self._stream_state)
-        except (TransportError, ConfigError) as exc:
+        except TransportError as exc:
             # The reader resolves the start once the server answers, and reports the topics lost.
             self._log.warning("subscribe", "nats subscribe deferred", topic=topic, error=str(exc))
             info = None
+        except ConfigError:  # a server without JetStream, a stream not ours: no retry can help
+            with self._cond:
+                self._topics = {}
+            raise
         with self._cond:
             if saved is not None:
                 self._next, self._created = saved.seq + 1, saved.created
@@ -98,6 +104,26 @@ class NatsSubscriber(SubscriberTransport):
                 self._next, self._created = info.last + 1, info.created
             if self._task is None and not self._closed:
                 self._task = asyncio.run_coroutine_threadsafe(self._run(), self._conn.loop)
+        self._maybe_join()
+
+    def _maybe_join(self) -> None:
+        """Once the control topic is subscribed and the start is fixed, tell the publishers (a core
+        NATS message they count, :meth:`NatsPublisher.new_subscribers`), so that each says a welcome
+        hello: stored after the start, it is read, and the subscriber learns every publisher's
+        sequences now rather than at its next idle hello."""
+        with self._cond:
+            if self._joined or self._closed or not self._next or CONTROL_TOPIC not in self._topics.values():
+                return
+            self._joined = True
+        asyncio.run_coroutine_threadsafe(self._say_joined(), self._conn.loop)
+
+    async def _say_joined(self) -> None:
+        try:
+            await self._conn.jetstream()  # connected
+            await self._conn.nc().publish(join_subject(self._opts.prefix), b"")
+        except (TimeoutError, NatsError, OSError) as exc:  # best effort: the idle hellos still come
+            self._log.warning("join", "nats subscriber could not announce itself", uri=self._conn.uri,
+                              error=f"{type(exc).__name__}: {exc}")
 
     def unsubscribe(self, topic: str) -> None:
         subject = subject_of(self._root, topic)
@@ -189,6 +215,7 @@ class NatsSubscriber(SubscriberTransport):
                 self._next, self._created = state.last + 1, state.created
                 self._lose("reset")
             start = self._next
+        self._maybe_join()  # where subscribe() could not fix the start
         config = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start, ack_policy=AckPolicy.NONE,
             filter_subject=self._root + ">", mem_storage=True, num_replicas=1,

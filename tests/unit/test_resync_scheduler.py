@@ -46,6 +46,23 @@ def test_requests_coalesce_and_first_run_is_immediate(clock):
     assert s.take(0.0) == set() and s.due() is None
 
 
+def test_reasons_coalesce_with_their_topics_and_survive_a_failed_run(clock):
+    s = scheduler(clock)
+    s.request(["a"], "gap")
+    s.request(["a", "b"], "overflow")
+    s.request(["b"])  # no reason given: a manual request
+    taken = s.take(0.0)
+    assert taken == {"a", "b"}
+    assert taken.reasons == {"a": {"gap", "overflow"}, "b": {"overflow", "manual"}}
+    assert taken.only({"a"}).reasons == {"a": {"gap", "overflow"}}
+    s.request(["a"], "periodic")  # while the run fails
+    s.done(taken, False, 0.01)
+    again = s.take(s.due())
+    assert again.reasons == {"a": {"gap", "overflow", "periodic"}, "b": {"overflow", "manual"}}
+    s.done(again, True, s.due() or 1.0)
+    assert s.pending() == set()
+
+
 def test_requests_during_runs_double_the_spacing_with_jitter_up_to_the_cap(clock):
     s = scheduler(clock)
     s.request(["a"])

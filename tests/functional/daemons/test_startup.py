@@ -45,7 +45,12 @@ def test_a_missing_store_is_refused_and_not_created(tmp_path, name):
 @pytest.mark.parametrize("name", STORE_USERS)
 def test_store_create_setting_creates_it(tmp_path, name):
     path = tmp_path / "new" / "nb.sqlite"
-    d = DaemonProcess(name, daemon_args(name, tmp_path, f"sqlite:///{path}") + ["--store.create", "true"])
+    _ready_having_made(path, name, daemon_args(name, tmp_path, f"sqlite:///{path}") + ["--store.create", "true"])
+
+
+def _ready_having_made(path, name, args, env=None):
+    """Daemon ``name`` turns ready, ``path`` exists, and a SIGTERM stops it cleanly."""
+    d = DaemonProcess(name, args, env=env)
     try:
         d.wait_status("/readyz", 200)
         assert path.exists()
@@ -68,10 +73,17 @@ def test_df_db_init_creates_the_store_daemons_then_open(tmp_path):
         d.kill()
 
 
-@pytest.mark.parametrize("name,flag", [("df-controller", "--controller.discover"), ("df-archiver", "--archive.discover")])
+#: Every daemon that opens discovery, and the flag that makes it: those that watch it, and those
+#: that announce in it.
+DISCOVERY_USERS = [("df-controller", "--controller.discover"), ("df-archiver", "--archive.discover"),
+                   ("df-feed", "--feed.announce"), ("df-publisher-service", "--publisher-service.announce")]
+
+
+@pytest.mark.parametrize("name,flag", DISCOVERY_USERS)
 def test_a_missing_discovery_table_is_refused_and_not_created(tmp_path, name, flag):
     """A daemon that watches discovery for its publishers, given a mistyped SQLite path, would
-    wait in an empty table of its own for publishers that announce elsewhere."""
+    wait in an empty table of its own for publishers that announce elsewhere; one that announces
+    would announce where nobody watches."""
     store = tmp_path / "nb.sqlite"
     open_store(f"sqlite:///{store}", ["port"]).close()
     missing = tmp_path / "typo" / "discovery.sqlite"
@@ -83,6 +95,16 @@ def test_a_missing_discovery_table_is_refused_and_not_created(tmp_path, name, fl
     assert not missing.parent.exists()
 
 
+@pytest.mark.parametrize("name,flag", DISCOVERY_USERS[2:])
+def test_store_create_setting_creates_the_discovery_table_an_announcer_uses(tmp_path, name, flag):
+    store = tmp_path / "nb.sqlite"
+    open_store(f"sqlite:///{store}", ["port"]).close()
+    path = tmp_path / "new" / "discovery.sqlite"
+    # [store] create from the shared file's side: df-publisher-service has no [store] flags.
+    _ready_having_made(path, name, daemon_args(name, tmp_path, f"sqlite:///{store}") + [
+        flag, "true", "--discovery.url", f"sqlite:///{path}"], env={"DFPUBSUB_STORE__CREATE": "true"})
+
+
 @pytest.mark.parametrize("backend", ["etcd", "redis"])
 def test_a_server_store_never_made_is_refused_until_df_db_init(tmp_path, request, backend):
     """On etcd and Redis a mistyped address, database or prefix finds nothing, as a new store
@@ -90,7 +112,7 @@ def test_a_server_store_never_made_is_refused_until_df_db_init(tmp_path, request
     where they looked, and open it once df-db init has made it."""
     server = request.getfixturevalue(f"{backend}_server")
     url = server.url
-    for name in ("df-controller", "df-feed"):
+    for name in STORE_USERS:  # df-notify: its queues share the store's server and prefix
         out = run([exe(name), *daemon_args(name, tmp_path, url), "--store.prefix", "typo", "--log.format", "json"])
         assert out.returncode == 1, out.stderr
         last = out.stderr.strip().splitlines()[-1]
@@ -100,12 +122,13 @@ def test_a_server_store_never_made_is_refused_until_df_db_init(tmp_path, request
         assert not store.initialized(), "refusing to start made the store"
     init = run([exe("df-db"), "--store", url, "-o", "json", "init"], env={**os.environ, "DFPUBSUB_STORE__PREFIX": "typo"})
     assert init.returncode == 0, init.stderr
-    d = DaemonProcess("df-controller", daemon_args("df-controller", tmp_path, url, store__prefix="typo"))
-    try:
-        d.wait_status("/readyz", 200)
-        assert d.terminate() == 0
-    finally:
-        d.kill()
+    for name in ("df-controller", "df-notify"):
+        d = DaemonProcess(name, daemon_args(name, tmp_path, url, store__prefix="typo"))
+        try:
+            d.wait_status("/readyz", 200)
+            assert d.terminate() == 0
+        finally:
+            d.kill()
 
 
 @pytest.mark.parametrize("flags,message", BAD_SETTINGS, ids=[" ".join(f) for f, _ in BAD_SETTINGS])

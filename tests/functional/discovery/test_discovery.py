@@ -456,6 +456,37 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_row(tmp_path):
         assert again.list() == []
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_etcd_discovery_survives_a_fork_while_it_renews_and_watches(etcd_server):
+    """Its channels are the store's EtcdChannel: closed around the fork (a renewal or the watch in
+    flight is cancelled and resumes), reopened on both sides; the child works on channels of its own."""
+    d = open_discovery(etcd_server.url, TTL, RENEW, "fork")
+    reg = d.register(record("pub1"))
+    seen: set[str] = set()
+    watcher = d.watch(lambda r: seen.add(r.publisher_id), lambda r: seen.discard(r.publisher_id))
+    try:
+        wait_for(lambda: reg.renewals >= 2 and "pub1" in seen, what="renewals and the watch under way")
+        pid = os.fork()
+        if pid == 0:  # child: report through the exit status, never return into pytest
+            code = 1
+            try:
+                code = 0 if [r.publisher_id for r in d.list()] == ["pub1"] else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        renewals = reg.renewals
+        other = d.register(record("pub2"))
+        wait_for(lambda: reg.renewals > renewals + 2 and "pub2" in seen,
+                 what="the parent's renewals and watch to go on after the fork")
+        assert not reg.closed
+        other.close()
+        wait_for(lambda: "pub2" not in seen, what="the watch to see the removal")
+    finally:
+        watcher.close()
+        d.close()
+
+
 def test_etcd_watch_lists_again_when_its_revision_was_compacted(etcd_server):
     import grpc
     from aetcd import rpc

@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import os
+import subprocess
 import time
 import uuid
 
@@ -11,13 +13,14 @@ nats = pytest.importorskip("nats")
 
 from dfpubsub.drivers.nats_jetstream import NatsJetStreamDriver  # noqa: E402
 
-from dfpubsub import ConfigError, Publisher, PublisherOptions, TransportError  # noqa: E402
+from dfpubsub import ConfigError, Publisher, PublisherOptions, TransportError, open_store  # noqa: E402
 from dfpubsub.backends.access import NatsAccess, configure  # noqa: E402
 from dfpubsub.codec import MAX_SEQ, BatchHeader, encode_batch, pack_event  # noqa: E402
 from dfpubsub.metrics import Stats  # noqa: E402
 from dfpubsub.publisher import _QUIET  # noqa: E402
 from dfpubsub.testing.servers import NatsServer, TestCertificates  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
+from tests.functional.daemon_helpers import daemon_args, exe  # noqa: E402
 from tests.functional.sink_helpers import (  # noqa: E402
     GatedSink,
     assert_outage_accounted,
@@ -396,6 +399,116 @@ def test_tls_with_the_ca_from_the_nats_section(tmp_path):
         assert recv_all(s, 1) == [b"over tls"]
         t.close()
         s.close()
+    finally:
+        configure(nats=NatsAccess())
+        server.kill()
+
+
+def test_a_subscriber_joining_is_welcomed_with_every_publishers_sequences(nats_server):
+    """A subscriber says it joined (a core NATS message outside the stream) once its start is
+    fixed; each publisher answers with a welcome hello stored after that start, so the newcomer
+    knows every publisher's sequences at once, not at the next idle hello (a minute here)."""
+    options = new_options()
+    pub = make_pub(nats_server, options, max_idle_time=60.0)
+    raw = NatsJetStreamDriver(nats_server.url, options).publisher(Stats("publisher", "raw"))
+    late = Sink(nats_server, options, ["a"])
+    try:
+        for i in range(3):
+            pub.publish("a", "t", f"k{i}", "update", i + 1)
+        pub.flush()
+        wait_for(lambda: pub.transport.backlog == 0, what="the events to be stored")
+        late.sub.start()
+        wait_for(lambda: late.stats.get("hellos_in") >= 1, what="the welcome hello")
+        assert pub.stats.get("hellos_out", "welcome") >= 1
+        assert late.stats.get("envelopes_in") == 0, "the events stored before the join are not read"
+        # The newcomer knows the publisher is at 3 on "a": the next envelope it sees, 5, opens a gap.
+        raw.send("a", envelope(pub.id, "a", 5))
+        wait_for(lambda: [g for g in late.gaps if g.missing == (4, 4)],
+                 what="the late subscriber to find the hole from the welcome's sequence")
+    finally:
+        raw.close()
+        pub.close()
+        late.close()
+
+
+def test_a_server_without_jetstream_is_refused_naming_it(tmp_path):
+    """Core NATS alone (at most once, no replay) cannot hold what a subscriber misses while away:
+    the driver refuses it with one line that says so, at a subscriber's start (a daemon exits with
+    it) and on each publish."""
+    server = NatsServer(tmp_path / "nats", jetstream=False).start()
+    options = new_options(timeout=1.0)
+    try:
+        t = NatsJetStreamDriver(server.url, options).subscriber(Stats("subscriber", "s"))
+        with pytest.raises(ConfigError, match="has no JetStream .*start nats-server with -js"):
+            t.subscribe("a")
+        t.close()
+        p = NatsJetStreamDriver(server.url, options).publisher(Stats("publisher", "p"))
+        with pytest.raises(TransportError, match="has no JetStream"):
+            p.send("a", b"x")
+        p.close()
+        store = tmp_path / "nb.sqlite"
+        open_store(f"sqlite:///{store}", ["port"]).close()
+        out = subprocess.run([exe("df-controller"), *daemon_args("df-controller", tmp_path, f"sqlite:///{store}"),
+                              "--pubsub.driver", server.url], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"df-controller: NATS at {server.url} has no JetStream"), out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        server.kill()
+
+
+def _login(server, options):
+    """A publisher and a subscriber through ``server`` with the [nats] section in force: an event
+    reaches the subscriber."""
+    pub = make_pub(server, options)
+    sink = Sink(server, options, ["a"])
+    try:
+        sink.sub.start()
+        assert sink.sub.wait_synced(10)
+        pub.publish("a", "t", "k", "update", 1)
+        pub.flush()
+        wait_for(lambda: sink.keys("a") == ["k"], what="the event through the authenticated server")
+    finally:
+        pub.close()
+        sink.close()
+
+
+def test_token_login_from_the_nats_section(tmp_path):
+    server = NatsServer(tmp_path / "nats", args=("--auth", "s3cret-token")).start()
+    options = new_options(timeout=1.0)
+    try:
+        configure(nats=NatsAccess(token="wrong"))
+        t = NatsJetStreamDriver(server.url, options).publisher(Stats("publisher", "p"))
+        with pytest.raises(TransportError, match="[Aa]uthorization"):
+            t.send("a", b"x")
+        t.close()
+        configure(nats=NatsAccess(token="s3cret-token"))
+        _login(server, options)
+    finally:
+        configure(nats=NatsAccess())
+        server.kill()
+
+
+def test_nkey_login_from_the_nats_section(tmp_path):
+    nkeys = pytest.importorskip("nkeys")
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    other = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    (tmp_path / "user.nk").write_bytes(seed)
+    (tmp_path / "other.nk").write_bytes(other)
+    conf = tmp_path / "nats.conf"
+    conf.write_text(f'authorization {{\n  users = [ {{ nkey: "{public}" }} ]\n}}\n')
+    server = NatsServer(tmp_path / "nats", args=("-c", str(conf))).start()
+    options = new_options(timeout=1.0)
+    try:
+        configure(nats=NatsAccess(nkey_seed_file=str(tmp_path / "other.nk")))  # a key the server does not know
+        t = NatsJetStreamDriver(server.url, options).publisher(Stats("publisher", "p"))
+        with pytest.raises(TransportError, match="[Aa]uthorization"):
+            t.send("a", b"x")
+        t.close()
+        configure(nats=NatsAccess(nkey_seed_file=str(tmp_path / "user.nk")))
+        _login(server, options)
     finally:
         configure(nats=NatsAccess())
         server.kill()

@@ -217,8 +217,8 @@ def test_service_is_found_through_discovery_and_vanishes_when_killed(tmp_path, e
 def test_sigterm_drains_unregisters_and_removes_the_socket(tmp_path):
     port, sock = _paths(tmp_path)
     url = f"sqlite:///{tmp_path}/discovery.sqlite"
+    discovery = open_discovery(url, ttl=10, renew_interval=3)  # made first: the service does not create it
     svc = Service(port, sock, "--discovery.url", url, "--pubsub.publisher-name", "svc").start()
-    discovery = open_discovery(url, ttl=10, renew_interval=3)
     sink = Sink(["port", "probe"], [svc.uri])
     wp = create_publisher(worker_settings(port, sock))
     try:
