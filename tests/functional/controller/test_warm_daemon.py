@@ -13,7 +13,7 @@ from tests.functional.daemon_helpers import DaemonProcess, daemon_args
 def _ready_controller(tmp_path, url, **extra):
     d = DaemonProcess("df-controller", daemon_args("df-controller", tmp_path, url, controller__snapshot_interval="0.2",
                                                    **extra))
-    d.wait_status("/readyz", 200, timeout=60)
+    d.wait_status("/readyz", 200, timeout=120)
     return d
 
 
@@ -25,7 +25,7 @@ def test_df_controller_restarts_warm_and_says_so(tmp_path):
     state_dir = str(tmp_path / "state")
     first = _ready_controller(tmp_path, url, controller__state_dir=state_dir)
     try:
-        assert first.terminate(timeout=20) == 0
+        assert first.terminate(timeout=60) == 0
     finally:
         first.kill()
     store.update("port", "p1", {"i": -1})
@@ -41,8 +41,9 @@ def test_df_controller_restarts_warm_and_says_so(tmp_path):
             with open(tmp_path / "ctl.status") as f:
                 return json.load(f)
 
-        wait_for(lambda: (status().get("start") or {}).get("result") == "resumed", timeout=30, what="the status file")
-        assert second.terminate(timeout=20) == 0
+        wait_for(lambda: (status().get("start") or {}).get("result") == "resumed", timeout=120,
+                 what="the status file")
+        assert second.terminate(timeout=60) == 0
     finally:
         second.kill()
         store.close()
@@ -55,7 +56,7 @@ def test_a_state_dir_it_cannot_write_fails_readyz_only_when_required(tmp_path):
     state_dir = str(tmp_path / "file" / "state")
     relaxed = _ready_controller(tmp_path, url, controller__state_dir=state_dir)
     try:
-        wait_for(lambda: 'dfpubsub_snapshot_errors_total{name="' in relaxed.metrics(), timeout=30,
+        wait_for(lambda: 'dfpubsub_snapshot_errors_total{name="' in relaxed.metrics(), timeout=120,
                  what="the failed writes counted")
         assert relaxed.get("/readyz")[0] == 200
     finally:
@@ -64,7 +65,9 @@ def test_a_state_dir_it_cannot_write_fails_readyz_only_when_required(tmp_path):
                                                         controller__snapshot_interval="0.2",
                                                         controller__snapshot_required="true"))
     try:
-        body = strict.wait_status("/readyz", 503, timeout=60)
-        assert "snapshot" in body, body
+        # Not ready first for want of a first sync; once synced, for want of a snapshot.
+        wait_for(lambda: "snapshot" in strict.get("/readyz")[1], timeout=120, interval=0.2,
+                 what="/readyz to name the snapshot")
+        assert strict.get("/readyz")[0] == 503
     finally:
         strict.kill()
