@@ -56,18 +56,21 @@ def test_a_state_dir_it_cannot_write_fails_readyz_only_when_required(tmp_path):
     state_dir = str(tmp_path / "file" / "state")
     relaxed = _ready_controller(tmp_path, url, controller__state_dir=state_dir)
     try:
-        wait_for(lambda: 'dfpubsub_snapshot_errors_total{name="' in relaxed.metrics(), timeout=120,
+        wait_for(lambda: 'dfpubsub_snapshot_errors_total{name="' in relaxed.metrics(), timeout=30,
                  what="the failed writes counted")
-        assert relaxed.get("/readyz")[0] == 200
+        # Counted, never a reason to be unready unless required (the first sync may still run).
+        wait_for(lambda: relaxed.get("/readyz")[0] == 200, timeout=60, what="the relaxed controller ready")
     finally:
         relaxed.kill()
     strict = DaemonProcess("df-controller", daemon_args("df-controller", tmp_path, url, controller__state_dir=state_dir,
                                                         controller__snapshot_interval="0.2",
                                                         controller__snapshot_required="true"))
     try:
-        # Not ready first for want of a first sync; once synced, for want of a snapshot.
-        wait_for(lambda: "snapshot" in strict.get("/readyz")[1], timeout=120, interval=0.2,
-                 what="/readyz to name the snapshot")
-        assert strict.get("/readyz")[0] == 503
+        # Unready first for its first sync, then for its snapshot once synced: wait for the reason.
+        def unready_for_the_snapshot() -> bool:
+            status, body = strict.get("/readyz")
+            return status == 503 and "snapshot" in body
+
+        wait_for(unready_for_the_snapshot, timeout=60, what="readyz to fail for the snapshot")
     finally:
         strict.kill()
