@@ -33,7 +33,7 @@ def main() -> None:
     ctrl = Controller(store, transport, TABLES, None, SubscriberOptions(), "child",
                       runtime=ControllerOptions(snapshot_interval=interval, checkpoint_interval=0),
                       state_dir=state_dir).start()
-    if not ctrl.synced.wait(60):
+    if not ctrl.synced.wait(180):
         sys.exit("not synced")
     print("synced", flush=True)
     while True:

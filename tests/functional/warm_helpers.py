@@ -39,7 +39,7 @@ class Run:
             state_dir=str(state_dir),
         ).start()
         if synced:
-            wait_for(self.ctrl.synced.is_set, timeout=60, what=f"{name} synced")
+            wait_for(self.ctrl.synced.is_set, timeout=180, what=f"{name} synced")
 
     @property
     def start(self):

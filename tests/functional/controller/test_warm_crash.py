@@ -73,11 +73,11 @@ def test_kill_9_during_a_snapshot_write_leaves_the_last_good_one(backend, store,
     writer = threading.Thread(target=writes, daemon=True)
     writer.start()
     try:
-        wait_for(lambda: _counts(proc)[0] >= 2, timeout=60, what="two snapshots written")
-        wait_for(lambda: _temporaries(state_dir), timeout=60, interval=0.0005, what="a write under way")
+        wait_for(lambda: _counts(proc)[0] >= 2, timeout=180, what="two snapshots written")
+        wait_for(lambda: _temporaries(state_dir), timeout=180, interval=0.0005, what="a write under way")
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(60)
     finally:
         stop.set()
         writer.join()
@@ -107,7 +107,7 @@ def test_a_full_disk_keeps_the_last_good_snapshot_and_the_controller_running(bac
     # No file of the child's may grow past the good snapshot's size: as a disk with that much room.
     proc = _child(backend, state_dir, interval=0.05, fsize=good + 4096)
     try:
-        wait_for(lambda: _counts(proc)[1] >= 3, timeout=60, what="three failed writes")
+        wait_for(lambda: _counts(proc)[1] >= 3, timeout=180, what="three failed writes")
         assert proc.poll() is None  # still running
         written, _ = _counts(proc)
         assert written == 0
@@ -130,7 +130,8 @@ def test_a_state_dir_it_cannot_write_is_counted_and_the_controller_runs_cold(bac
     try:
         assert (run.start.result, run.start.reason) == ("relisted", "unreadable")
         assert cache_state(run.ctrl) == store_state(store)
-        wait_for(lambda: run.ctrl.stats.get("snapshot_errors", "ENOTDIR") >= 2, what="failed writes counted")
+        wait_for(lambda: run.ctrl.stats.get("snapshot_errors", "ENOTDIR") >= 2, timeout=120,
+                 what="failed writes counted")
         store.update("port", "k1", {"still": "running"})
         assert run.ctrl.synced.is_set()
     finally:

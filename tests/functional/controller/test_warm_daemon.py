@@ -13,7 +13,7 @@ from tests.functional.daemon_helpers import DaemonProcess, daemon_args
 def _ready_controller(tmp_path, url, **extra):
     d = DaemonProcess("df-controller", daemon_args("df-controller", tmp_path, url, controller__snapshot_interval="0.2",
                                                    **extra))
-    d.wait_status("/readyz", 200, timeout=60)
+    d.wait_status("/readyz", 200, timeout=120)
     return d
 
 
@@ -25,7 +25,7 @@ def test_df_controller_restarts_warm_and_says_so(tmp_path):
     state_dir = str(tmp_path / "state")
     first = _ready_controller(tmp_path, url, controller__state_dir=state_dir)
     try:
-        assert first.terminate(timeout=20) == 0
+        assert first.terminate(timeout=60) == 0
     finally:
         first.kill()
     store.update("port", "p1", {"i": -1})
@@ -41,8 +41,9 @@ def test_df_controller_restarts_warm_and_says_so(tmp_path):
             with open(tmp_path / "ctl.status") as f:
                 return json.load(f)
 
-        wait_for(lambda: (status().get("start") or {}).get("result") == "resumed", timeout=30, what="the status file")
-        assert second.terminate(timeout=20) == 0
+        wait_for(lambda: (status().get("start") or {}).get("result") == "resumed", timeout=120,
+                 what="the status file")
+        assert second.terminate(timeout=60) == 0
     finally:
         second.kill()
         store.close()

@@ -247,3 +247,25 @@ def test_df_db_init_shows_the_identity_and_controller_state_whether_a_start_woul
     assert out.returncode == 1 and json.loads(out.stdout)["reason"] == "other_store"
     out = df_db(env, "-o", "json", "controller-state", str(tmp_path / "nowhere"))
     assert out.returncode == 1 and json.loads(out.stdout)["reason"] == "no_snapshot"
+
+
+@pytest.mark.parametrize("backend", ["redis"], indirect=True)
+def test_a_redis_store_restored_from_an_older_backup_is_relisted_over(backend, store, tmp_path, request):
+    """The server stopped, its append-only files copied (the backup), more writes, the snapshot; then the
+    server restarted on the backup and written past the snapshot's position."""
+    name = f"restored-{request.node.callspec.id}"
+    server = backend.server
+    store.identity()
+    server.stop()  # SIGTERM: the append-only file is complete
+    shutil.copytree(server.workdir / "appendonlydir", tmp_path / "backup")
+    server.start()
+    for i in range(30):
+        store.update("port", f"k{i}", {"before-restore": i})
+    _first_run(store, tmp_path / "state", name)
+    server.stop()
+    shutil.rmtree(server.workdir / "appendonlydir")
+    shutil.copytree(tmp_path / "backup", server.workdir / "appendonlydir")
+    server.start()
+    for i in range(40):  # past the snapshot's position, other writes
+        store.update("port", f"k{100 + i}", {"after-restore": i})
+    relisted_over(store, tmp_path / "state", name, "history_rewound")
