@@ -5,6 +5,7 @@ store, a rate-limited work queue hands changed keys to level-triggered reconcile
 - :mod:`.cache`, :mod:`.indexer`: the cache, its indexes and listers;
 - :mod:`.replay`, :mod:`.relist`: repairing the cache from the store's change feed (what was
   missed), or from a listing (the whole topic) where the feed cannot;
+- :mod:`.admission`: a relist's turn, bounded over the fleet by slots in the store;
 - :mod:`.bookmarks`: moving the position in the feed on a feed publisher's bookmarks, reading
   nothing;
 - :mod:`.reconciler`: what users implement;
@@ -13,6 +14,7 @@ store, a rate-limited work queue hands changed keys to level-triggered reconcile
 - :mod:`.status`: the status file ``df-db controller-status`` reads.
 """
 
+from .admission import RelistAdmission
 from .bookmarks import FeedIds
 from .cache import Change, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
@@ -26,5 +28,5 @@ from .workqueue import WorkQueue
 
 __all__ = ["AheadOfStore", "Bootstrap", "Change", "Controller", "ControllerOptions", "DONE", "ExponentialBackoff",
            "FailedKey", "FeedIds", "HandlerReconciler", "IndexFunc", "Indexer", "Lister", "ObjectKey", "REQUEUE",
-           "RateLimiter", "Reconciler", "Relisted", "Repair", "Replayed", "Result", "TooFarBehind", "StatusWriter",
+           "RateLimiter", "Reconciler", "RelistAdmission", "Relisted", "Repair", "Replayed", "Result", "TooFarBehind", "StatusWriter",
            "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue", "read_status", "relist", "write_status"]

@@ -31,6 +31,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -44,6 +45,7 @@ from ..store import Store
 from ..subscriber import Subscriber, SubscriberOptions
 from ..tracker import ResyncRequest
 from ..transport import SubscriberTransport
+from .admission import RelistAdmission
 from .bookmarks import FeedStreams
 from .cache import DEFAULT_DECODED, Change, Transform, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
@@ -162,6 +164,7 @@ class Controller:
     feed publishers (df-feed) whose bookmarks move the positions without reading the store
     (:mod:`.bookmarks`; :class:`~dfpubsub.controller.bookmarks.FeedIds` is a set of ids that
     discovery's connector can keep up to date); None: positions move by replays only.
+    ``admission`` bounds the relists a fleet runs against the store at once (:mod:`.admission`).
     """
 
     def __init__(
@@ -183,6 +186,7 @@ class Controller:
         runtime: ControllerOptions | None = None,
         transforms: Mapping[str, Transform] | None = None,
         feeds: Callable[[str], bool] | None = None,
+        admission: RelistAdmission | None = None,
     ):
         self.store = store
         self.name = name
@@ -216,6 +220,7 @@ class Controller:
         #: where they go back to when a bookmark turns out to be ahead of the store.
         self._proven: dict[str, int] = {}
         self.feed_streams = FeedStreams(feeds) if feeds is not None else None
+        self.admission = admission
         self._touched: set[_Ident] = set()  # changed by events since the last repair, not yet checked
         self._causes: dict[str, set[str]] = {}
         self._causes_lock = threading.Lock()
@@ -503,7 +508,8 @@ class Controller:
         # holds every value decoded at once (reconcilers read the cache). Without reconcilers either,
         # nothing acts on a change: a first sync builds none.
         values = bool(self.indexers or self.on_reconciled)
-        found = relist(self.store, self.cache, topics, values=values, changes=values or bool(self.reconcilers))
+        with self.admission.turn(self.stats, self._stop) if self.admission is not None else nullcontext():
+            found = relist(self.store, self.cache, topics, values=values, changes=values or bool(self.reconcilers))
         self._listed |= topics
         if topics >= positions.keys():
             self._touched.clear()
