@@ -229,6 +229,16 @@ class Store(abc.ABC):
         (None on a store no writer of this version has written to yet)."""
         return self.feed_head()
 
+    def read_writes(self, after: int) -> tuple[builtins.list[FeedEntry], int] | None:
+        """Every write of the store after revision ``after``, oldest first, and the revision of its
+        newest write (every write up to it is among them), read at once where the backend keeps them
+        so that a range reads them faster than following the feed does (etcd serves a watch from a
+        past revision in catch-up rounds of 100 ms: it reads the history of its ``feedlast`` key
+        instead, dfpubsub/store/etcd_log.py). None where it cannot, or a feed reader reads less:
+        the caller follows the feed (SQLite and Redis answer a feed read at once). HistoryGone as
+        :meth:`read_feed`."""
+        return None
+
     def feed_since(self, after: int) -> tuple[int, int]:
         """The store's revision now and how many revisions the feed holds after ``after`` up to it
         (where every revision is an entry, :attr:`feed_dense`, the entries a replay would read; 0

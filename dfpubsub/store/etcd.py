@@ -23,11 +23,14 @@ Layout:
 - ``/{prefix}/store`` marks the store as made (:meth:`Store.initialized`): ``df-db
   init`` and a writer's open put it once; a store holding objects counts as made
   without it. It lies outside ``nb`` and its history, which the change feed reads.
-- ``/{prefix}/feedlast`` is put (empty) by every write's transaction, so that its
+- ``/{prefix}/feedlast`` is put by every write's transaction, so that its
   ``mod_revision`` is the revision of the store's newest write, deletes included
   (:meth:`Store.feed_last`): etcd's own revision counts every key of the
   cluster, and no range read shows a delete. A repair reads the feed up to it
-  and knows it has read every write committed before it began.
+  and knows it has read every write committed before it began. Its value names
+  the write (action, table, key, topic), so that its history is a log of the
+  store's writes that a range at past revisions reads without a watch's
+  catch-up round (:mod:`.etcd_log`, :meth:`Store.read_writes`).
 
 Why the topic is a sibling key: every write must return the object's topic
 (it is what gets published), yet update and delete are not told it. Inside
@@ -58,6 +61,7 @@ from ..errors import AlreadyExists, NotFound, StoreUnavailable, VersionConflict,
 from ..events import VersionedObject
 from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
 from .etcd_feed import EtcdFeedReader
+from .etcd_log import NO_OBJECT, log_put, read_log
 from .feed import FeedEntry, FeedRetention
 from .outbox import Outbox
 
@@ -130,7 +134,7 @@ class EtcdStore(Store):
         self._topic_root = f"/{prefix}/nbtopic/".encode()
         self._mark = f"/{prefix}/store".encode()
         self._last = f"/{prefix}/feedlast".encode()
-        self._put_last = rpc.PutRequest(key=self._last)
+        self._put_last = rpc.PutRequest(key=self._last)  # a write the log cannot name (drop_all): watch instead
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -149,7 +153,8 @@ class EtcdStore(Store):
     def initialize(self) -> None:
         absent = rpc.Compare(key=self._mark, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
         # Put once: every put is a revision of the whole cluster, which readers of the feed skip.
-        self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store"), self._put_last]))
+        self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store"),
+                                    rpc.PutRequest(key=self._last, value=NO_OBJECT)]))
 
     # -- etcd operations ----------------------------------------------------------------
 
@@ -298,7 +303,8 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         absent = rpc.Compare(key=path, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
         response = self._write(txn([absent], [rpc.PutRequest(key=path, value=blob),
-                                                _set_topic(table, topic_path, topic), self._put_last]))
+                                                _set_topic(table, topic_path, topic),
+                                                log_put(self._last, b"c", table, key, topic)]))
         if not response.succeeded:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, response.header.revision, value)
@@ -311,7 +317,8 @@ class EtcdStore(Store):
         # Without a new topic, the current one is read in the same transaction.
         topic_op = rpc.RangeRequest(key=topic_path) if topic is None else _set_topic(table, topic_path, topic)
         response = self._write(txn(_exists(path, expected),
-                                   [rpc.PutRequest(key=path, value=blob), topic_op, self._put_last],
+                                   [rpc.PutRequest(key=path, value=blob), topic_op,
+                                    log_put(self._last, b"u", table, key, topic or "")],
                                    [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
@@ -323,7 +330,8 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         response = self._write(txn(
             _exists(path, expected),
-            [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True), self._put_last],
+            [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True),
+             log_put(self._last, b"d", table, key)],
             [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
@@ -357,6 +365,9 @@ class EtcdStore(Store):
         kvs = self._conn.call(lambda kv: kv.Range(rpc.RangeRequest(key=self._last, keys_only=True),
                                                   timeout=self.timeout)).kvs
         return int(kvs[0].mod_revision) if kvs else None
+
+    def read_writes(self, after: int) -> tuple[list[FeedEntry], int] | None:
+        return read_log(self, after)  # the history of feedlast (dfpubsub/store/etcd_log.py)
 
     def feed_floor(self) -> int:
         # The newest modification among the objects, however many there are (etcd sorts on the
