@@ -353,7 +353,8 @@ MAX_RELIST_LEASE = 300.0
 
 class RelistSettings(_Section):
     """``[relist]``: relists that never storm the store (docs/controller.md#relist-admission): a bound
-    on the relists the store serves at once, shared through the store itself, and jittered starts."""
+    on the relists the store serves at once, shared through the store itself, jittered starts, and
+    listings read in pages."""
 
     slots: int = Field(8, ge=0, le=1024, description="Relists the store serves at once, counted over every "
                                                       "controller that shares it (0: no bound).")
@@ -368,6 +369,9 @@ class RelistSettings(_Section):
     retry_base: float = Field(0.2, gt=0, description="Seconds of the first wait for a slot; doubles per refusal, "
                                                      "jittered.")
     retry_max: float = Field(5.0, gt=0, description="Seconds of a wait for a slot at most.")
+    page_size: int = Field(5000, ge=0, description="Objects per page of a relist's listing of values, each "
+                                                   "merged into the cache before the next is read (0: the "
+                                                   "listing in one piece).")
 
     @model_validator(mode="after")
     def _check(self) -> RelistSettings:

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         driver = create_driver(settings)
         transport = driver.subscriber(Stats("subscriber-transport", name))
-        admission = RelistAdmission.from_settings(settings, name)  # a fleet's relists, bounded in the store
+        admission = RelistAdmission.from_settings(settings, name)  # a fleet's relists: bounded, jittered, paged
     except DfPubSubError:
         store.close()
         raise

@@ -17,12 +17,12 @@ revokes the lease and deletes the key by itself.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..backends.etcd import EtcdChannel, RangeResponse, TxnResponse, keep_alive_once, txn
+from ..backends.etcd import EtcdChannel, KvLeaseStubs, RangeResponse, TxnResponse, keep_alive_once, txn
 from ..backends.foreign import skip
 from ..errors import StoreError
 from .api import SKIP_KIND, SlotHolder, is_ticket
@@ -30,11 +30,6 @@ from .api import SKIP_KIND, SlotHolder, is_ticket
 __all__ = ["EtcdSlots"]
 
 _RACES = 5  # a slot taken by another between the read and the Txn: read again this many times
-
-
-class _Stubs(NamedTuple):
-    kv: Any
-    lease: Any
 
 
 class EtcdSlots:
@@ -46,7 +41,7 @@ class EtcdSlots:
         self.name = name
         self.timeout = timeout
         self._root = f"/{prefix}/relist/{name}/".encode()
-        self._channel = EtcdChannel(url, timeout, lambda ch: _Stubs(rpc.KVStub(ch), rpc.LeaseStub(ch)))
+        self._channel = EtcdChannel(url, timeout, KvLeaseStubs.on)
         self._leases: dict[tuple[str, int], int] = {}  # (ticket, slot) -> etcd lease of this process's turns
 
     def _key(self, slot: int) -> bytes:

@@ -1,4 +1,5 @@
-"""A relist's turn: jittered, bounded across the fleet by slots in the store, renewed while it runs.
+"""A relist's turn: jittered, bounded across the fleet by slots in the store, renewed while it runs,
+and read in pages.
 
 A relist reads a whole table from the store. When a fleet must relist at
 once (a cold start, a feed whose history is gone for every controller, a
@@ -14,7 +15,13 @@ same moment. So a relist first waits for its turn (:meth:`RelistAdmission.turn`)
    between half and all of it), counted; it waits until admitted or stopped;
 3. while the relist runs, a thread renews the slot every third of ``lease``;
    afterwards the slot is released. A controller killed while it lists stops
-   renewing, and its slot frees itself within ``lease`` seconds.
+   renewing, and its slot frees itself within ``lease`` seconds;
+4. the relist reads its listing of values in pages of ``page_size`` objects
+   (:func:`~dfpubsub.controller.relist.relist_pages`), each merged into the
+   cache before the next is read (0: in one piece).
+
+Without slots (``slots=None``: ``[relist] slots = 0``) a relist is still
+jittered and paged, but not bounded.
 
 A slot that cannot be renewed (lost to a long pause) does not stop the relist:
 a relist only reads, and the bound is a load limit, not a safety one. A store
@@ -50,13 +57,13 @@ log = logging.getLogger(__name__)
 
 
 class RelistAdmission:
-    """Turns of relists against the semaphore in ``slots`` (``bound`` slots, see the module's doc).
-    ``identity`` names this controller in the slots it holds (default host:pid)."""
+    """Turns of relists against the semaphore in ``slots`` (``bound`` slots, see the module's doc;
+    None: no bound). ``identity`` names this controller in the slots it holds (default host:pid)."""
 
-    def __init__(self, slots: SlotBackend, bound: int, *, lease: float = 30.0, jitter: float = 2.0,
-                 retry_base: float = 0.2, retry_max: float = 5.0, identity: str = "",
+    def __init__(self, slots: SlotBackend | None, bound: int = 0, *, lease: float = 30.0, jitter: float = 2.0,
+                 retry_base: float = 0.2, retry_max: float = 5.0, page_size: int = 0, identity: str = "",
                  rng: random.Random | None = None):
-        if bound < 1:
+        if slots is not None and bound < 1:
             raise ValueError("a relist admission needs at least one slot")
         self.slots = slots
         self.bound = bound
@@ -64,31 +71,35 @@ class RelistAdmission:
         self.jitter = jitter
         self.retry_base = retry_base
         self.retry_max = retry_max
+        self.page_size = page_size
         self.identity = identity
         self._rng = rng or random.Random()
 
     @classmethod
-    def from_settings(cls, settings: Settings, identity: str = "") -> RelistAdmission | None:
-        """As ``[relist]`` says, its slots in ``relist.url`` (default: the store's); None when
-        ``relist.slots`` is 0 (no bound)."""
+    def from_settings(cls, settings: Settings, identity: str = "") -> RelistAdmission:
+        """As ``[relist]`` says, its slots in ``relist.url`` (default: the store's; none when
+        ``relist.slots`` is 0)."""
         s = settings.relist
-        if not s.slots:
-            return None
         timeout = max(0.5, min(5.0, s.lease / 6))  # a renewal must fit well within a third of the lease
-        backend = open_slots(s.url or settings.store.url, s.name, timeout, settings.store.prefix)
+        backend = open_slots(s.url or settings.store.url, s.name, timeout, settings.store.prefix) if s.slots else None
         return cls(backend, s.slots, lease=s.lease, jitter=s.jitter, retry_base=s.retry_base,
-                   retry_max=s.retry_max, identity=identity)
+                   retry_max=s.retry_max, page_size=s.page_size, identity=identity)
 
     @contextmanager
-    def turn(self, stats: Stats, stop: threading.Event) -> Iterator[int]:
+    def turn(self, stats: Stats, stop: threading.Event) -> Iterator[int | None]:
         """Wait for a slot (see the module's doc) and hold it for the ``with`` block; yields its
-        number. StoreUnavailable if ``stop`` is set while waiting, or the store does not answer."""
+        number (None without slots). StoreUnavailable if ``stop`` is set while waiting, or the
+        store does not answer."""
         ticket = new_ticket(self.identity)
         asked = time.monotonic()
         if self.jitter > 0 and stop.wait(self._rng.uniform(0.0, self.jitter)):
             raise StoreUnavailable("stopped while waiting to relist")
+        slots = self.slots
+        if slots is None:
+            yield None
+            return
         refusals = 0
-        while (slot := self.slots.acquire(ticket, self.bound, self.lease)) is None:
+        while (slot := slots.acquire(ticket, self.bound, self.lease)) is None:
             if not refusals:
                 stats.inc("relist_waits")
             stats.inc("relist_refusals")
@@ -99,7 +110,7 @@ class RelistAdmission:
         stats.inc("relist_admitted")
         stats.histogram("relist_wait").observe(time.monotonic() - asked)
         done = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(ticket, slot, done, stats), daemon=True,
+        renewer = threading.Thread(target=self._renew, args=(slots, ticket, slot, done, stats), daemon=True,
                                    name="dfpubsub-relist-slot")
         renewer.start()
         try:
@@ -108,15 +119,15 @@ class RelistAdmission:
             done.set()
             renewer.join()
             try:
-                self.slots.release(ticket, slot)
+                slots.release(ticket, slot)
             except StoreError as exc:  # it expires by itself within the lease
                 stats.inc("relist_slot_errors")
                 log.warning("could not release relist slot %d: %s", slot, exc)
 
-    def _renew(self, ticket: str, slot: int, done: threading.Event, stats: Stats) -> None:
+    def _renew(self, slots: SlotBackend, ticket: str, slot: int, done: threading.Event, stats: Stats) -> None:
         while not done.wait(self.lease / 3):
             try:
-                if not self.slots.renew(ticket, slot, self.lease):
+                if not slots.renew(ticket, slot, self.lease):
                     stats.inc("relist_slot_lost")
                     log.warning("relist slot %d was lost (expired or taken over); the relist goes on", slot)
                     return
@@ -126,4 +137,5 @@ class RelistAdmission:
 
     def close(self) -> None:
         """Close the slots' connection."""
-        self.slots.close()
+        if self.slots is not None:
+            self.slots.close()

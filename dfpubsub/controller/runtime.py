@@ -164,7 +164,8 @@ class Controller:
     feed publishers (df-feed) whose bookmarks move the positions without reading the store
     (:mod:`.bookmarks`; :class:`~dfpubsub.controller.bookmarks.FeedIds` is a set of ids that
     discovery's connector can keep up to date); None: positions move by replays only.
-    ``admission`` bounds the relists a fleet runs against the store at once (:mod:`.admission`).
+    ``admission`` bounds the relists a fleet runs against the store at once, and reads them in pages
+    (:mod:`.admission`).
     """
 
     def __init__(
@@ -508,8 +509,10 @@ class Controller:
         # holds every value decoded at once (reconcilers read the cache). Without reconcilers either,
         # nothing acts on a change: a first sync builds none.
         values = bool(self.indexers or self.on_reconciled)
-        with self.admission.turn(self.stats, self._stop) if self.admission is not None else nullcontext():
-            found = relist(self.store, self.cache, topics, values=values, changes=values or bool(self.reconcilers))
+        admission = self.admission
+        with admission.turn(self.stats, self._stop) if admission is not None else nullcontext():
+            found = relist(self.store, self.cache, topics, values=values, changes=values or bool(self.reconcilers),
+                           page_size=admission.page_size if admission is not None else 0)
         self._listed |= topics
         if topics >= positions.keys():
             self._touched.clear()
@@ -523,6 +526,7 @@ class Controller:
             self.feed_streams.repaired(topics, found.revision)
         self.stats.inc("relists", reason=cause)
         self.stats.inc("relist_objects", found.objects)
+        self.stats.inc("relist_pages", found.pages)
         return found.changes, found.changed, found.objects, 0, "relist", cause
 
     def _prove(self) -> bool:

@@ -59,7 +59,7 @@ from ..backends import foreign
 from ..backends.etcd import EtcdConnection, status_code, txn
 from ..errors import AlreadyExists, NotFound, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, Pages, Store, decode_value
 from .etcd_feed import EtcdFeedReader
 from .etcd_log import NO_OBJECT, log_put, read_log
 from .feed import FeedEntry, FeedRetention
@@ -181,24 +181,72 @@ class EtcdStore(Store):
             return None
         return _object(response.responses[1].response_range.kvs, table, key, kvs[0])
 
+    def _range(self, kv: Any, key: bytes, end: bytes, limit: int, revision: int,
+               keys_only: bool = False) -> tuple[Any, int]:
+        """One Range of up to ``limit`` keys from ``key`` to ``end`` at ``revision`` (0: now), and the
+        limit it took: a page above the message limit is asked again in smaller pages."""
+        while True:
+            request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision, keys_only=keys_only)
+            try:
+                return kv.Range(request, timeout=self.timeout), limit
+            except grpc.RpcError as exc:
+                if status_code(exc) != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
+                    raise
+                limit //= 2
+
     def _scan(self, kv: Any, start: bytes, revision: int, keys_only: bool = False) -> tuple[list[Any], int]:
         """Pages of the keys under ``start`` at ``revision`` (0: now), and the revision read."""
         pages: list[Any] = []
         key, end, limit = start, prefix_range_end(start), _PAGE_KEYS
         while True:
-            request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision, keys_only=keys_only)
-            try:
-                page = kv.Range(request, timeout=self.timeout)
-            except grpc.RpcError as exc:
-                if status_code(exc) != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
-                    raise
-                limit //= 2  # a page above the message limit: smaller pages
-                continue
+            page, limit = self._range(kv, key, end, limit, revision, keys_only)
             revision = revision or page.header.revision  # every page from the same snapshot
             pages.append(page.kvs)
             if not page.more or not page.kvs:
                 return pages, revision
             key = page.kvs[-1].key + b"\x00"
+
+    def _list_pages_at(self, topics: set[str], page_size: int, values: bool) -> tuple[int, Pages]:
+        first, revision = self._page(self._root, page_size, 0)
+        return revision, self._pages(first, revision, topics, page_size, values)
+
+    def _page(self, key: bytes, limit: int, revision: int) -> tuple[Any, int]:
+        """Up to ``limit`` objects from ``key`` on at ``revision`` (0: now), and the revision they
+        were read at: should ``revision`` be compacted away, the store's revision now (every write
+        up to the first page's revision is still in some page)."""
+
+        def read(kv: Any) -> tuple[Any, int]:
+            try:
+                return self._range(kv, key, prefix_range_end(self._root), limit, revision)[0], revision
+            except grpc.RpcError as exc:
+                if not revision or status_code(exc) != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                return self._range(kv, key, prefix_range_end(self._root), limit, 0)[0], 0
+
+        page, pinned = self._conn.call(read)
+        return page, pinned or int(page.header.revision)  # unpinned: read at the store's revision now
+
+    def _topics_of(self, first: bytes, last: bytes, revision: int) -> dict[bytes, str | None]:
+        """The topic keys of the object names from ``first`` to ``last`` at ``revision``."""
+        end = self._topic_root + last + b"\x00"
+        page = self._conn.call(lambda kv: self._range(kv, self._topic_root + first, end, _PAGE_KEYS, revision)[0])
+        return self._named([page.kvs])
+
+    def _pages(self, page: Any, revision: int, topics: set[str], page_size: int, values: bool) -> Pages:
+        """The pages from ``page`` on, each of the objects under the root after the last key of the
+        one before, at ``revision`` (:meth:`_page`), with the topic keys of the same names (one more
+        Range, empty where every object has its table's name as topic)."""
+        skip = len(self._root)
+        while True:
+            kvs = page.kvs
+            if not kvs:
+                return
+            named = self._topics_of(kvs[0].key[skip:], kvs[-1].key[skip:], revision)
+            blobs: list[bytes] = []
+            yield self._objects(self._selected([kvs], named, topics), blobs, values), blobs
+            if not page.more:
+                return
+            page, revision = self._page(kvs[-1].key + b"\x00", page_size, revision)
 
     def _read_all(self, under: bytes, keys_only: bool) -> tuple[list[Any], dict[bytes, str | None], int]:
         """Pages of the objects under ``under``, the topics of those that have their own, and the
@@ -216,19 +264,28 @@ class EtcdStore(Store):
                         raise
 
         pages, topic_pages, revision = self._conn.call(run)
+        return pages, self._named(topic_pages), revision
+
+    def _named(self, topic_pages: list[Any]) -> dict[bytes, str | None]:
+        """Object name -> topic, from pages of topic keys."""
         skip = len(self._topic_root)
         named: dict[bytes, str | None] = {}
         for kvs in topic_pages:
             for kv in kvs:
                 # None: a topic key that is not UTF-8; its object goes under its table's topic.
                 named[kv.key[skip:]] = foreign.decode("store_topic", kv.key, bytes.decode, kv.value)
-        return pages, named, revision
+        return named
 
     def _listed(self, under: bytes, topics: set[str] | None,
                 keys_only: bool) -> tuple[list[tuple[str, str, str, Any]], int]:
         """(topic, table, key, kv) of the objects under ``under`` of ``topics`` (all if None), and
         the revision they were read at."""
         pages, named, revision = self._read_all(under, keys_only)
+        return self._selected(pages, named, topics), revision
+
+    def _selected(self, pages: list[Any], named: dict[bytes, str | None],
+                  topics: set[str] | None) -> list[tuple[str, str, str, Any]]:
+        """(topic, table, key, kv) of the objects of ``pages`` of ``topics`` (all if None)."""
         out = []
         skip, tables = len(self._root), self.tables
         for kvs in pages:
@@ -244,7 +301,7 @@ class EtcdStore(Store):
                 topic = (named.get(name) or tbl) if named else tbl
                 if topics is None or topic in topics:
                     out.append((topic, tbl, key, kv))
-        return out, revision
+        return out
 
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
         if topics is not None and not topics:
