@@ -250,6 +250,20 @@ class VersionedCache:
             self._sweep_locked(topics, seen, revision, recent, changes)
         return changes
 
+    def undo(self, changes: Iterable[Change]) -> None:
+        """Put back what ``changes`` replaced (the merged pages of a relist that failed part way,
+        newest first), so that its retry finds them again: the changes never reached whatever
+        acts on them. A create is dropped, an update's previous object restored."""
+        with self._lock:
+            tables = self._tables
+            for ch in reversed(list(changes)):
+                rows = tables.get(ch.table)
+                held = rows.get(ch.key) if rows is not None else None
+                if ch.previous is not None:
+                    self._put_locked(ch.previous, None, held)
+                elif held is not None and rows is not None:
+                    self._drop_locked(rows, ch.table, ch.key, held)
+
     @staticmethod
     def _packed(truth: list[VersionedObject], blobs: Iterable[bytes] | None, values: bool) -> list[bytes | None]:
         packed: list[bytes | None] = list(blobs) if blobs is not None else [None] * len(truth)

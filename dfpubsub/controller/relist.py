@@ -115,18 +115,24 @@ def relist_pages(store: Store, cache: VersionedCache, topics: set[str], page_siz
     store nor this process holds the whole listing's values at once; then what no page showed is
     deleted (:meth:`VersionedCache.end_relist`). Truth wins across pages as in one piece: every
     write up to the revision read before the first page is in some page (a later page may show
-    later writes), so only a cached version provably newer than that survives. The caller called
+    later writes), so only a cached version provably newer than that survives. A listing that fails
+    part way puts back what its pages changed (:meth:`VersionedCache.undo`; changes that nothing
+    acts on are not built, nor put back), so that the retry finds them again. The caller called
     :meth:`VersionedCache.begin_relist` before."""
     fresh = not len(cache) and not cache.tombstones()
     revision, pages = store.list_pages_at(topics, page_size, values)
     seen: set[tuple[str, str]] = set()
     found: list[Change] = []
     objects = count = 0
-    for page, blobs in pages:
-        count += 1
-        objects += len(page)
-        seen.update([(o[1], o[2]) for o in page])
-        found.extend(cache.reconcile_page(page, revision, blobs, values=values, fresh=fresh, build=changes))
+    try:
+        for page, blobs in pages:
+            count += 1
+            objects += len(page)
+            seen.update([(o[1], o[2]) for o in page])
+            found.extend(cache.reconcile_page(page, revision, blobs, values=values, fresh=fresh, build=changes))
+    except BaseException:  # the store failed part way: the retry must find these changes again
+        cache.undo(found)
+        raise
     found.extend(cache.end_relist(topics, seen, revision))
     changed = len(found) if changes or not fresh else objects
     return Relisted(found, objects, revision, changed, count)

@@ -10,6 +10,7 @@ import pytest
 from dfpubsub import SubscriberOptions, load_driver
 from dfpubsub.controller import Controller, RelistAdmission, VersionedCache
 from dfpubsub.controller.relist import relist
+from dfpubsub.errors import StoreUnavailable
 from dfpubsub.events import Action, Event
 from dfpubsub.metrics import Stats
 from tests.conftest import wait_for
@@ -101,6 +102,35 @@ def test_a_paged_relist_equals_the_store_with_writes_and_deletes_between_its_pag
     if start == "held":
         assert cache.get("port", "ghost") is None and cache.get("network", "k005") is not None
         assert cache.get("port", "k004").version < FORGED
+
+
+def _failing(store):
+    def fail():
+        raise StoreUnavailable("the store went away between two pages")
+    return fail
+
+
+@pytest.mark.parametrize("start", ["empty", "held"])
+def test_a_listing_that_fails_part_way_puts_back_what_its_pages_changed(store, monkeypatch, start):
+    _fill(store)
+    cache = VersionedCache()
+    if start == "held":
+        relist(store, cache, TOPICS)
+        for i in range(0, 120, 2):  # most changed: the full listing, in pages
+            store.update(TABLES[i % 2], f"k{i:03d}", {"i": "changed"})
+        store.delete("network", "k001")
+    before = _state(cache.items())
+    real = store.list_pages_at
+    _interleave(store, monkeypatch, [lambda: [], lambda: [], _failing(store)])
+    with pytest.raises(StoreUnavailable):
+        relist(store, cache, TOPICS, page_size=7)
+    assert _state(cache.items()) == before  # nothing the failed relist found is lost
+    monkeypatch.setattr(store, "list_pages_at", real)
+    found = relist(store, cache, TOPICS, page_size=7)  # the retry finds every change
+    expected = {(o.table, o.key) for o in store.list() if o.topic in TOPICS} ^ {(o.table, o.key) for o in cache.items()}
+    assert _state(cache.items()) == _state(o for o in store.list() if o.topic in TOPICS)
+    assert len(found.changes) >= 60 if start == "held" else len(found.changes) == 120
+    assert expected <= {(c.table, c.key) for c in found.changes}
 
 
 def test_a_controller_syncs_and_repairs_in_pages(store):
