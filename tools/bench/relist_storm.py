@@ -11,8 +11,8 @@ all, or a restored store, costs (every one lists the whole table). Twice:
 * **admitted**: ``RelistAdmission`` with ``--slots`` slots in the store itself,
   ``--jitter`` seconds of start jitter, pages of ``--page-size`` objects.
 
-Meanwhile an unrelated writer updates one object every 20 ms and times each
-write; its p99 during the storm is compared with its p99 before it (idle). The
+Meanwhile an unrelated writer (a process of its own) updates one object every
+20 ms and times each write; its p99 during the storm is compared with its p99 before it (idle). The
 server's RSS (``/proc/<pid>/status`` VmRSS) is sampled every 20 ms: peak
 against idle. Also the wall time until every controller's cache holds every
 object, and the most listings the store served at once (counted around the
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import statistics
 import tempfile
 import threading
@@ -121,34 +122,46 @@ def rss_kb(server: ServerProcess) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-class Writer:
-    """Updates one object every 20 ms and times each update, until stopped."""
+def _write(url: str, ready: Any, stop: Any, results: Any) -> None:
+    """The writer's process: updates one object every 20 ms, timing each, until ``stop``."""
+    store = open_bench_store(url)
+    times: list[float] = []
+    gen = 0
+    store.update(TABLE, "port-0000000", value(0))  # connected before the clock starts
+    ready.set()
+    while not stop.wait(0.02):
+        gen += 1
+        t0 = time.perf_counter()
+        store.update(TABLE, "port-0000000", value(0, gen))
+        times.append(time.perf_counter() - t0)
+    store.close()
+    results.put(times)
 
-    def __init__(self, url: str):
-        self.store = open_bench_store(url)
-        self.times: list[float] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        gen = 0
-        while not self.stop.wait(0.02):
-            gen += 1
-            t0 = time.perf_counter()
-            self.store.update(TABLE, "port-0000000", value(0, gen))
-            self.times.append(time.perf_counter() - t0)
-
-    def take(self) -> list[float]:
-        out, self.times = self.times, []
-        return out
+@contextmanager
+def writer(url: str) -> Iterator[list[float]]:
+    """An unrelated writer in a process of its own (so that this process's controllers do not
+    hold its GIL) for the ``with`` block; the list yielded receives its write times after it."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_write, args=(url, ready, stop, results), daemon=True)
+    proc.start()
+    if not ready.wait(120):
+        raise SystemExit("the writer did not start")
+    times: list[float] = []
+    try:
+        yield times
+    finally:
+        stop.set()
+        times.extend(results.get(timeout=120))
+        proc.join(30)
 
 
 def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else (values[0] if values else 0.0)
 
 
-def storm(url: str, server: ServerProcess | None, args: argparse.Namespace, admitted: bool,
-          writer: Writer) -> dict[str, Any]:
+def storm(url: str, server: ServerProcess | None, args: argparse.Namespace, admitted: bool) -> dict[str, Any]:
     concurrency = Concurrency()
     stores = [open_bench_store(url) for _ in range(args.controllers)]
     for s in stores:
@@ -168,18 +181,17 @@ def storm(url: str, server: ServerProcess | None, args: argparse.Namespace, admi
             rss.append(rss_kb(server))
 
     sampler = threading.Thread(target=sample, daemon=True)
-    writer.take()
-    sampler.start()
-    t0 = time.perf_counter()
-    for c in ctrls:
-        c.start()
-    for c in ctrls:
-        if not c.synced.wait(600):
-            raise SystemExit("a controller did not sync within 600 s")
-    took = time.perf_counter() - t0
-    sampling.set()
-    sampler.join()
-    writes = writer.take()
+    with writer(url) as writes:
+        sampler.start()
+        t0 = time.perf_counter()
+        for c in ctrls:
+            c.start()
+        for c in ctrls:
+            if not c.synced.wait(600):
+                raise SystemExit("a controller did not sync within 600 s")
+        took = time.perf_counter() - t0
+        sampling.set()
+        sampler.join()
     assert all(len(c.cache) == args.objects for c in ctrls), "a cache does not hold every object"
     waits = sum(c.stats.get("relist_waits") for c in ctrls)
     pages = sum(c.stats.get("relist_pages") for c in ctrls)
@@ -202,22 +214,17 @@ def measure(backend: str, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
                           [range(j, args.objects, 16) for j in range(16)]))
         print(f"[{backend}] loaded {args.objects:,} objects in {time.perf_counter() - t0:.1f}s", flush=True)
         loader.close()
-        writer = Writer(url)
-        writer.thread.start()
-        time.sleep(args.idle)
-        idle = writer.take()
+        with writer(url) as idle:
+            time.sleep(args.idle)
         idle_rss = rss_kb(server) if server is not None else 0
         out: dict[str, Any] = {"idle_writer_p99_ms": p99(idle) * 1000, "idle_rss_kb": idle_rss}
         for mode in ("unbounded", "admitted"):
-            r = storm(url, server, args, mode == "admitted", writer)
+            r = storm(url, server, args, mode == "admitted")
             out[mode] = r
             print(f"[{backend}] {mode:9}: {args.controllers} controllers synced in {r['sync_s']:.1f}s; writer p99 "
                   f"{r['writer_p99_ms']:.1f} ms over {r['writes']} writes (idle {out['idle_writer_p99_ms']:.1f}); "
                   f"server peak RSS {r['peak_rss_kb'] / 1024:.0f} MB (idle {idle_rss / 1024:.0f}); "
                   f"listings at once {r['concurrent']}; waits {r['waits']}; pages {r['pages']}", flush=True)
-        writer.stop.set()
-        writer.thread.join()
-        writer.store.close()
         return out
 
 
