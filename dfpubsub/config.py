@@ -44,6 +44,8 @@ __all__ = [
     "MetricsSettings",
     "DiscoverySettings",
     "LeaderSettings",
+    "RelistSettings",
+    "MAX_RELIST_LEASE",
     "EtcdSettings",
     "RedisSettings",
     "NatsSettings",
@@ -360,6 +362,39 @@ class LeaderSettings(_Section):
         return self
 
 
+#: Seconds a relist slot's lease may last at most: a slot read back claiming more is garbage.
+MAX_RELIST_LEASE = 300.0
+
+
+class RelistSettings(_Section):
+    """``[relist]``: relists that never storm the store (docs/controller.md#relist-admission): a bound
+    on the relists the store serves at once, shared through the store itself, jittered starts, and
+    listings read in pages."""
+
+    slots: int = Field(8, ge=0, le=1024, description="Relists the store serves at once, counted over every "
+                                                      "controller that shares it (0: no bound).")
+    url: str = Field("", description="Where the slots live, like store.url; empty: the store's URL (so the "
+                                     "bound holds across hosts).")
+    name: str = Field("relist", description="The semaphore: controllers with the same name share its slots.")
+    lease: float = Field(30.0, gt=1, le=MAX_RELIST_LEASE, description="Seconds a slot stays taken after its "
+                                                                      "holder's last renewal (a controller killed "
+                                                                      "while listing frees it within this).")
+    jitter: float = Field(2.0, ge=0, description="Seconds, at most, of random delay before a relist first asks for "
+                                                 "a slot (spreads a fleet's cold start).")
+    retry_base: float = Field(0.2, gt=0, description="Seconds of the first wait for a slot; doubles per refusal, "
+                                                     "jittered.")
+    retry_max: float = Field(5.0, gt=0, description="Seconds of a wait for a slot at most.")
+    page_size: int = Field(5000, ge=0, description="Objects per page of a relist's listing of values, each "
+                                                   "merged into the cache before the next is read (0: the "
+                                                   "listing in one piece).")
+
+    @model_validator(mode="after")
+    def _check(self) -> RelistSettings:
+        if self.retry_max < self.retry_base:
+            raise ValueError("relist.retry_max must be at least relist.retry_base")
+        return self
+
+
 def _check_access(section: str, s: Any, password_needs_user: bool = False) -> None:
     """What the [etcd], [redis] and [nats] sections share: readable files, a certificate with its
     key, one password setting (and, where the URL cannot give the user, no password without it)."""
@@ -502,6 +537,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     leader: LeaderSettings = Field(default_factory=LeaderSettings)
+    relist: RelistSettings = Field(default_factory=RelistSettings)
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     nats: NatsSettings = Field(default_factory=NatsSettings)

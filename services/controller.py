@@ -19,7 +19,7 @@ import sys
 
 from dfpubsub.config import parse_settings
 from dfpubsub.console import close_all, console_main
-from dfpubsub.controller import Controller, ControllerOptions, FeedIds, ObjectKey, StatusWriter
+from dfpubsub.controller import Controller, ControllerOptions, FeedIds, ObjectKey, RelistAdmission, StatusWriter
 from dfpubsub.daemon import Daemon, check_settings
 from dfpubsub.discovery import DiscoveryConnector, discovery_from_settings
 from dfpubsub.errors import DfPubSubError
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``df-controller``."""
     settings = check_settings(parse_settings(
         "df-controller", __doc__.split("\n")[0], argv,
-        ("pubsub", "cache", "store", "controller", "discovery", "leader", "etcd", "redis", "log",
+        ("pubsub", "cache", "store", "controller", "relist", "discovery", "leader", "etcd", "redis", "log",
          "metrics")))
     setup_logging(settings.log.level, settings.log.format)
     name = settings.controller.name or socket.gethostname()
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         driver = create_driver(settings)
         transport = driver.subscriber(Stats("subscriber-transport", name))
+        admission = RelistAdmission.from_settings(settings, name)  # a fleet's relists: bounded, jittered, paged
     except DfPubSubError:
         store.close()
         raise
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime=ControllerOptions.from_settings(settings.controller),
         feeds=feeds,
         state_dir=settings.controller.state_dir or None,
+        admission=admission,
     )
     reconciler.controller = controller
     discovery = connector = None
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if leadership is None:  # a standby stopped before it led
         if connector is not None:
             connector.close(disconnect=False)
-        close_all(discovery, store, daemon)
+        close_all(admission, discovery, store, daemon)
         return 0
     reconciler.leadership = leadership
     beat = health.heartbeat("main", 30.0)
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     controller.stop(timeout=3.0)
     if connector is not None:
         connector.close(disconnect=False)  # the subscriber is closed: nothing to disconnect
-    close_all(status, discovery, leadership, store, daemon)
+    close_all(status, admission, discovery, leadership, store, daemon)
     return leadership.exit_status()
 
 

@@ -25,7 +25,7 @@ from .urls import parse_endpoints
 
 __all__ = ["CHANNEL_OPTIONS", "RECONNECT_OPTIONS", "UNAVAILABLE", "parse_endpoints", "status_code", "answers",
            "open_channel", "txn", "keep_alive_once", "Endpoints", "ForkHooks", "register_fork_hooks", "unregister_fork_hooks",
-           "EtcdChannel", "EtcdConnection", "KeyValue", "ResponseHeader", "RangeResponse", "DeleteRangeResponse",
+           "EtcdChannel", "EtcdConnection", "KvLeaseStubs", "KeyValue", "ResponseHeader", "RangeResponse", "DeleteRangeResponse",
            "ResponseOp", "TxnResponse"]
 
 S = TypeVar("S")
@@ -173,6 +173,17 @@ def txn(compare: list[rpc.Compare], success: list[Any], failure: list[Any] | Non
     """A transaction of ``compare`` guards with ``success`` and ``failure`` put, delete and range requests."""
     return rpc.TxnRequest(compare=compare, success=[_kv_op(r) for r in success],
                           failure=[_kv_op(r) for r in failure or ()])
+
+
+class KvLeaseStubs(NamedTuple):
+    """The KV and Lease stubs on one channel (what leases and relist slots call)."""
+
+    kv: Any
+    lease: Any
+
+    @classmethod
+    def on(cls, channel: grpc.Channel) -> KvLeaseStubs:
+        return cls(rpc.KVStub(channel), rpc.LeaseStub(channel))
 
 
 def keep_alive_once(lease_stub: Any, lease: int, timeout: float) -> int:

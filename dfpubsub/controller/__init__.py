@@ -6,6 +6,7 @@ store, a rate-limited work queue hands changed keys to level-triggered reconcile
 - :mod:`.replay`, :mod:`.relist`: repairing the cache from the store's change feed (what was
   missed), or from a listing (the whole topic) where the feed cannot; :mod:`.repairer`: both as
   a plain subscriber's ``on_resync``;
+- :mod:`.admission`: a relist's turn, bounded over the fleet by slots in the store;
 - :mod:`.bookmarks`: moving the position in the feed on a feed publisher's bookmarks, reading
   nothing;
 - :mod:`.reconciler`: what users implement;
@@ -14,6 +15,7 @@ store, a rate-limited work queue hands changed keys to level-triggered reconcile
 - :mod:`.status`: the status file ``df-db controller-status`` reads.
 """
 
+from .admission import RelistAdmission
 from .bookmarks import FeedIds
 from .cache import Change, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
@@ -28,5 +30,5 @@ from .workqueue import WorkQueue
 
 __all__ = ["AheadOfStore", "Bootstrap", "Change", "Controller", "ControllerOptions", "DONE", "ExponentialBackoff",
            "FailedKey", "FeedIds", "HandlerReconciler", "IndexFunc", "Indexer", "Lister", "ObjectKey", "REQUEUE",
-           "RateLimiter", "Reconciler", "Relisted", "Repair", "Repairer", "Replayed", "Result", "TooFarBehind", "StatusWriter",
+           "RateLimiter", "Reconciler", "RelistAdmission", "Relisted", "Repair", "Repairer", "Replayed", "Result", "TooFarBehind", "StatusWriter",
            "TableHandler", "TokenBucket", "VersionedCache", "WorkQueue", "read_status", "relist", "write_status"]

@@ -63,6 +63,12 @@ DEFAULT_DECODED = 4096
 _Record = tuple[int, str, bytes]
 
 
+def _kept(version: int, ident: tuple[str, str], revision: int | None, recent: set[tuple[str, str]]) -> bool:
+    """Whether a cached version a listing at ``revision`` does not show stays: it is provably newer
+    (above the revision and applied since the relist began), or the listing has no revision."""
+    return revision is None or (version > revision and ident in recent)
+
+
 class Change(NamedTuple):
     """What reconciling the cache with the source of truth changed.
 
@@ -197,71 +203,142 @@ class VersionedCache:
         """
         topics = set(topics)
         truth = truth if isinstance(truth, list) else list(truth)
-        packed: list[bytes | None] = list(blobs) if blobs is not None else [None] * len(truth)
-        if len(packed) != len(truth) or (not values and blobs is None):
-            raise ValueError(f"{len(packed)} blobs for {len(truth)} objects")
+        packed = self._packed(truth, blobs, values)
         changes: list[Change] = []
-        now = self._clock()
         with self._lock:
             recent, self._recent = self._recent or set(), None
-            graves = self._graves
-
-            def kept(version: int, ident: tuple[str, str]) -> bool:
-                """Whether a cached version the listing does not show stays."""
-                return revision is None or (version > revision and ident in recent)
-
-            if revision is not None and not self._tables and not graves.gens:  # a first sync: every object is new
+            if revision is not None and not self._tables and not self._graves.gens:  # a first sync: all new
                 return self._first_sync_locked(truth, packed if blobs is not None else None, values)
             same = same if isinstance(same, (list, tuple, set)) else list(same)
-            listed: list[tuple[str, str]] = []  # the idents of truth
-            present = len(same)  # listed objects the cache holds after the loop
-            append, note, tables = changes.append, listed.append, self._tables
-            for obj, blob in zip(truth, packed):  # the hot loop of a resync: 100k objects and more
-                topic, table, key, version, value = obj
-                ident = (table, key)
-                note(ident)
-                rows = tables.get(table)
-                held = rows.get(key) if rows is not None else None
-                if held is not None:
-                    present += 1
-                    if version == held[0] or (version < held[0] and kept(held[0], ident)):
-                        continue
-                    previous: VersionedObject | None = self._object(table, key, held)
-                else:
-                    if graves.gens:
-                        tomb = graves.get(table, key)
-                        if tomb is not None:
-                            if version <= tomb and kept(tomb, ident):
-                                continue
-                            graves.discard(table, key)
-                    present += 1
-                    previous = None
-                if not values:
-                    obj = _new(VersionedObject, (topic, table, key, version, _unpack(blob)))  # type: ignore[arg-type]
-                    value = obj[4]
-                obj = self._cached(obj)
-                if obj[4] is not value:
-                    blob = None  # transformed: the store's bytes are not what is kept
-                self._put_locked(obj, blob, held)
-                append(_new(Change, (_CREATE if held is None else _UPDATE, *obj, previous)))
-            if revision is not None and present == len(self):
+            listed, present = self._merge_locked(truth, packed, revision, recent, values, changes)
+            if revision is not None and present + len(same) == len(self):
                 # A store's listing names each object once: every cached object is listed, none
                 # is to be deleted, and the pass over all of them can be left out.
                 return changes
             seen = set(same)
             seen.update(listed)
-            for table, rows in list(tables.items()):
-                for key, held in list(rows.items()):
-                    if held[1] in topics and (table, key) not in seen:
-                        if revision is not None and kept(held[0], (table, key)):
-                            continue  # created after the listing was read
-                        obj = self._object(table, key, held)
-                        self._drop_locked(rows, table, key, held)
-                        # The deletion's own version is unknown; the object's marks a floor, and the
-                        # listing's revision bounds it (a forged version must not block later writes).
-                        graves.add(table, key, held[0] if revision is None else min(held[0], revision), now)
-                        changes.append(_new(Change, (_DELETE, *obj[:4], None, obj)))
+            self._sweep_locked(topics, seen, revision, recent, changes)
         return changes
+
+    def reconcile_page(self, truth: list[VersionedObject], revision: int, blobs: list[bytes], *,
+                       values: bool = True, fresh: bool = False, build: bool = True) -> list[Change]:
+        """One page of a listing read in pages (:meth:`Store.list_pages_at`, after
+        :meth:`begin_relist`): merged as :meth:`reconcile` merges a whole listing, and nothing
+        deleted yet; :meth:`end_relist` deletes what no page showed. ``fresh``: the cache held
+        nothing of the listing's topics when it began, and each object is in one page only, so
+        that a page no event changed since goes in by column, as a first sync's listing does.
+        ``build=False``: nobody acts on the changes, none is built (see :meth:`fill`)."""
+        packed = self._packed(truth, blobs, values)
+        changes: list[Change] = []
+        with self._lock:
+            recent = self._recent or set()
+            if fresh and not recent:
+                if not build:
+                    self._fill_columns_locked(truth, packed)
+                    return changes
+                return self._first_sync_locked(truth, packed, values)
+            self._merge_locked(truth, packed, revision, recent, values, changes)
+        return changes
+
+    def end_relist(self, topics: set[str], seen: set[tuple[str, str]], revision: int) -> list[Change]:
+        """The end of a listing read in pages: delete the cached objects of ``topics`` that no page
+        showed (``seen``: the (table, key) of every object listed), unless provably newer than the
+        listing (above ``revision`` and applied since :meth:`begin_relist`), as :meth:`reconcile` does."""
+        changes: list[Change] = []
+        with self._lock:
+            recent, self._recent = self._recent or set(), None
+            self._sweep_locked(topics, seen, revision, recent, changes)
+        return changes
+
+    def undo(self, changes: Iterable[Change]) -> None:
+        """Put back what ``changes`` replaced (the merged pages of a relist that failed part way,
+        newest first), so that its retry finds them again: the changes never reached whatever
+        acts on them. A create is dropped, an update's previous object restored."""
+        with self._lock:
+            tables = self._tables
+            for ch in reversed(list(changes)):
+                rows = tables.get(ch.table)
+                held = rows.get(ch.key) if rows is not None else None
+                if ch.previous is not None:
+                    self._put_locked(ch.previous, None, held)
+                elif held is not None and rows is not None:
+                    self._drop_locked(rows, ch.table, ch.key, held)
+
+    @staticmethod
+    def _packed(truth: list[VersionedObject], blobs: Iterable[bytes] | None, values: bool) -> list[bytes | None]:
+        packed: list[bytes | None] = list(blobs) if blobs is not None else [None] * len(truth)
+        if len(packed) != len(truth) or (not values and blobs is None):
+            raise ValueError(f"{len(packed)} blobs for {len(truth)} objects")
+        return packed
+
+    def _merge_locked(self, truth: list[VersionedObject], packed: list[bytes | None], revision: int | None,
+                      recent: set[tuple[str, str]], values: bool,
+                      changes: list[Change]) -> tuple[list[tuple[str, str]], int]:
+        """Put what ``truth`` shows differently into the cache (truth wins, see :meth:`reconcile`),
+        adding a change for each; the idents listed, and how many of them the cache holds now."""
+        graves = self._graves
+        listed: list[tuple[str, str]] = []  # the idents of truth
+        present = 0  # listed objects the cache holds after the loop
+        append, note, tables = changes.append, listed.append, self._tables
+        for obj, blob in zip(truth, packed):  # the hot loop of a resync: 100k objects and more
+            topic, table, key, version, value = obj
+            ident = (table, key)
+            note(ident)
+            rows = tables.get(table)
+            held = rows.get(key) if rows is not None else None
+            if held is not None:
+                present += 1
+                if version == held[0] or (version < held[0] and _kept(held[0], ident, revision, recent)):
+                    continue
+                previous: VersionedObject | None = self._object(table, key, held)
+            else:
+                if graves.gens:
+                    tomb = graves.get(table, key)
+                    if tomb is not None:
+                        if version <= tomb and _kept(tomb, ident, revision, recent):
+                            continue
+                        graves.discard(table, key)
+                present += 1
+                previous = None
+            if not values:
+                obj = _new(VersionedObject, (topic, table, key, version, _unpack(blob)))  # type: ignore[arg-type]
+                value = obj[4]
+            obj = self._cached(obj)
+            if obj[4] is not value:
+                blob = None  # transformed: the store's bytes are not what is kept
+            self._put_locked(obj, blob, held)
+            append(_new(Change, (_CREATE if held is None else _UPDATE, *obj, previous)))
+        return listed, present
+
+    def _sweep_locked(self, topics: set[str], seen: set[tuple[str, str]], revision: int | None,
+                      recent: set[tuple[str, str]], changes: list[Change]) -> None:
+        """Delete the cached objects of ``topics`` not in ``seen`` (unless provably newer), adding a
+        change for each."""
+        graves, now = self._graves, self._clock()
+        for table, rows in list(self._tables.items()):
+            for key, held in list(rows.items()):
+                if held[1] in topics and (table, key) not in seen:
+                    if revision is not None and _kept(held[0], (table, key), revision, recent):
+                        continue  # created after the listing was read
+                    obj = self._object(table, key, held)
+                    self._drop_locked(rows, table, key, held)
+                    # The deletion's own version is unknown; the object's marks a floor, and the
+                    # listing's revision bounds it (a forged version must not block later writes).
+                    graves.add(table, key, held[0] if revision is None else min(held[0], revision), now)
+                    changes.append(_new(Change, (_DELETE, *obj[:4], None, obj)))
+
+    def _fill_columns_locked(self, truth: list[VersionedObject], packed: list[bytes | None]) -> None:
+        """Objects of ``truth`` the cache holds nothing of, with their values' bytes, by column and
+        table (:meth:`fill`'s way, from a page's objects)."""
+        if not truth:
+            return
+        topic_col, table_col, key_col, version_col, _ = zip(*truth)
+        at = 0
+        for table, run in groupby(table_col):
+            end = at + len(list(run))
+            self._fill_locked(table, topic_col[at:end], key_col[at:end], version_col[at:end],
+                              cast("list[bytes]", packed[at:end]), None)
+            at = end
 
     def fill(self, tables: Iterable[PackedTable], transformed: bool = False) -> int | None:
         """A first sync that builds no :class:`Change`, for a caller nobody hands them to (a

@@ -25,7 +25,10 @@ The position only moves over entries read, up to the head read before them.
 A replay never skips history, and never stops short of the newest write it
 knows of (:meth:`Store.feed_last`, read after the head: on etcd, whose head
 also counts other clients' writes, a key every write of the store puts), so it
-is *complete*: it read every write committed before it began. (On an etcd
+is *complete*: it read every write committed before it began. (On etcd it
+reads them by range, at once, from the history of that key, whose value names
+each write, :meth:`Store.read_writes`: a watch from a past revision waits for
+etcd's catch-up round of 100 ms. On an etcd
 store that no writer of this version wrote to, it reads up to the newest write
 of an object that exists, :meth:`Store.feed_floor`, then until nothing more
 arrives for a moment: probably complete, not provably.) What it cannot do it
@@ -146,6 +149,12 @@ def _read(store: Store, after: int, head: int,
     sorts every key for it), then stops once nothing more arrived for ``_QUIET`` seconds; a
     delete after the floor still in transit then is left to the next repair (the position does
     not pass it), and the replay is not complete."""
+    logged = store.read_writes(after)  # etcd: at once, where a watch waits for its catch-up round
+    if logged is not None:
+        entries, position = logged
+        if len(entries) > max_entries:
+            raise TooFarBehind(f"{len(entries)} feed entries since revision {after}, more than {max_entries}")
+        return {(e.table, e.key): e for e in entries}, position, len(entries), True
     goal = head if store.feed_dense else store.feed_last()
     reader = store.follow_feed(after)
     last: dict[tuple[str, str], FeedEntry] = {}

@@ -31,6 +31,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,6 +46,7 @@ from ..store import Store
 from ..subscriber import Subscriber, SubscriberOptions
 from ..tracker import ResyncRequest
 from ..transport import SubscriberTransport
+from .admission import RelistAdmission
 from .bookmarks import FeedStreams
 from .cache import DEFAULT_DECODED, Change, Transform, VersionedCache
 from .indexer import Indexer, IndexFunc, Lister
@@ -168,6 +170,8 @@ class Controller:
     discovery's connector can keep up to date); None: positions move by replays only.
     ``state_dir``: a directory where the controller keeps a snapshot of its cache and positions
     and from which a start resumes, reading only what changed while it was down (:mod:`.snapshot`).
+    ``admission`` bounds the relists a fleet runs against the store at once, and reads them in pages
+    (:mod:`.admission`).
     """
 
     def __init__(
@@ -190,6 +194,7 @@ class Controller:
         transforms: Mapping[str, Transform] | None = None,
         feeds: Callable[[str], bool] | None = None,
         state_dir: str | None = None,
+        admission: RelistAdmission | None = None,
     ):
         self.store = store
         self.name = name
@@ -223,6 +228,7 @@ class Controller:
         #: where they go back to when a bookmark turns out to be ahead of the store.
         self._proven: dict[str, int] = {}
         self.feed_streams = FeedStreams(feeds) if feeds is not None else None
+        self.admission = admission
         self._touched: set[_Ident] = set()  # changed by events since the last repair, not yet checked
         self._last_repair = time.monotonic()
         #: The latest repair (None before the first sync).
@@ -511,7 +517,10 @@ class Controller:
         # holds every value decoded at once (reconcilers read the cache). Without reconcilers either,
         # nothing acts on a change: a first sync builds none.
         values = bool(self.indexers or self.on_reconciled)
-        found = relist(self.store, self.cache, topics, values=values, changes=values or bool(self.reconcilers))
+        admission = self.admission
+        with admission.turn(self.stats, self._stop) if admission is not None else nullcontext():
+            found = relist(self.store, self.cache, topics, values=values, changes=values or bool(self.reconcilers),
+                           page_size=admission.page_size if admission is not None else 0)
         self._listed |= topics
         if topics >= positions.keys():
             self._touched.clear()
@@ -525,6 +534,7 @@ class Controller:
             self.feed_streams.repaired(topics, found.revision)
         self.stats.inc("relists", reason=cause)
         self.stats.inc("relist_objects", found.objects)
+        self.stats.inc("relist_pages", found.pages)
         return found.changes, found.changed, found.objects, 0, "relist", cause
 
     def _prove(self) -> bool:

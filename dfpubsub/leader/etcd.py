@@ -17,20 +17,14 @@ deletes the key by itself.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
 
 from aetcd import rpc
 
-from ..backends.etcd import EtcdChannel, RangeResponse, TxnResponse, keep_alive_once
+from ..backends.etcd import EtcdChannel, KvLeaseStubs, RangeResponse, TxnResponse, keep_alive_once
 from ..errors import StoreError
 from .api import Holder
 
 __all__ = ["EtcdLease"]
-
-
-class _Stubs(NamedTuple):
-    kv: Any
-    lease: Any
 
 
 class EtcdLease:
@@ -42,7 +36,7 @@ class EtcdLease:
         self.name = name
         self.timeout = timeout
         self._key = f"/{prefix}/leader/{name}".encode()
-        self._channel = EtcdChannel(url, timeout, lambda ch: _Stubs(rpc.KVStub(ch), rpc.LeaseStub(ch)))
+        self._channel = EtcdChannel(url, timeout, KvLeaseStubs.on)
         self._leases: dict[int, int] = {}  # token -> etcd lease ID of the terms this process holds
 
     def _txn(self, request: rpc.TxnRequest) -> TxnResponse:

@@ -18,7 +18,7 @@ import asyncio
 import builtins
 import re
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import groupby
 from typing import Any, NamedTuple
 
@@ -29,7 +29,7 @@ from ..events import VersionedObject
 from .feed import DEFAULT_BATCH, FeedEntry, FeedReader, FeedRetention
 from .outbox import Outbox
 
-__all__ = ["Store", "AsyncStore", "ObjectVersion", "PackedTable", "DEFAULT_MAX_VALUE_BYTES", "check_name"]
+__all__ = ["Store", "AsyncStore", "ObjectVersion", "PackedTable", "Pages", "DEFAULT_MAX_VALUE_BYTES", "check_name"]
 
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -60,6 +60,10 @@ class PackedTable(NamedTuple):
     keys: Sequence[str]
     versions: Sequence[int]
     blobs: Sequence[bytes]
+
+
+#: Pages of a listing: each the objects and, in step, their values' bytes (:meth:`Store.list_pages_at`).
+Pages = Iterator[tuple[list[VersionedObject], list[bytes]]]
 
 
 def decode_value(blob: bytes) -> Any:
@@ -173,6 +177,18 @@ class Store(abc.ABC):
         topics = set(topics)
         return self._list_packed_tables_at(topics) if topics else ([], 0)
 
+    def list_pages_at(self, topics: Iterable[str], page_size: int, values: bool = True) -> tuple[int, Pages]:
+        """:meth:`list_packed_at` in pages of about ``page_size`` objects (with their values' bytes),
+        each read from the store when the one before was taken: neither the store nor the reader
+        holds the whole listing of a large table at once (Kubernetes' streamed list, KEP-3157).
+        Returns the store revision the listing reflects, read before the first page (every write
+        up to it is in some page; a later page may also show later writes), and the pages. Each
+        object is in one page at most. ``values`` as for :meth:`list_packed_at`."""
+        if page_size < 1:
+            raise ValueError("a page holds at least one object")
+        topics = set(topics)
+        return self._list_pages_at(topics, page_size, values) if topics else (0, iter(()))
+
     def list_versions_at(self, topics: Iterable[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:
         """:meth:`list_versions` as plain (topic, table, key, version) tuples, and the store
         revision the listing reflects (as for :meth:`list_at`)."""
@@ -237,6 +253,16 @@ class Store(abc.ABC):
         (:attr:`feed_dense`) this is :meth:`feed_head`; etcd keeps it in a key every write puts
         (None on a store no writer of this version has written to yet)."""
         return self.feed_head()
+
+    def read_writes(self, after: int) -> tuple[builtins.list[FeedEntry], int] | None:
+        """Every write of the store after revision ``after``, oldest first, and the revision of its
+        newest write (every write up to it is among them), read at once where the backend keeps them
+        so that a range reads them faster than following the feed does (etcd serves a watch from a
+        past revision in catch-up rounds of 100 ms: it reads the history of its ``feedlast`` key
+        instead, dfpubsub/store/etcd_log.py). None where it cannot, or a feed reader reads less:
+        the caller follows the feed (SQLite and Redis answer a feed read at once). HistoryGone as
+        :meth:`read_feed`."""
+        return None
 
     def feed_since(self, after: int) -> tuple[int, int]:
         """The store's revision now and how many revisions the feed holds after ``after`` up to it
@@ -346,6 +372,9 @@ class Store(abc.ABC):
             out.append(PackedTable(table, topic_col[at:end], key_col[at:end], version_col[at:end], blobs[at:end]))
             at = end
         return out, revision
+
+    @abc.abstractmethod
+    def _list_pages_at(self, topics: set[str], page_size: int, values: bool) -> tuple[int, Pages]: ...
 
     @abc.abstractmethod
     def _list_versions_at(self, topics: set[str]) -> tuple[builtins.list[tuple[str, str, str, int]], int]:

@@ -23,11 +23,14 @@ Layout:
 - ``/{prefix}/store`` marks the store as made (:meth:`Store.initialized`): ``df-db
   init`` and a writer's open put it once; a store holding objects counts as made
   without it. It lies outside ``nb`` and its history, which the change feed reads.
-- ``/{prefix}/feedlast`` is put (empty) by every write's transaction, so that its
+- ``/{prefix}/feedlast`` is put by every write's transaction, so that its
   ``mod_revision`` is the revision of the store's newest write, deletes included
   (:meth:`Store.feed_last`): etcd's own revision counts every key of the
   cluster, and no range read shows a delete. A repair reads the feed up to it
-  and knows it has read every write committed before it began.
+  and knows it has read every write committed before it began. Its value names
+  the write (action, table, key, topic), so that its history is a log of the
+  store's writes that a range at past revisions reads without a watch's
+  catch-up round (:mod:`.etcd_log`, :meth:`Store.read_writes`).
 
 Why the topic is a sibling key: every write must return the object's topic
 (it is what gets published), yet update and delete are not told it. Inside
@@ -56,8 +59,9 @@ from ..backends import foreign
 from ..backends.etcd import EtcdConnection, status_code, txn
 from ..errors import AlreadyExists, NotFound, StoreUnavailable, VersionConflict, WriteOutcomeUnknown
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, Pages, Store, decode_value
 from .etcd_feed import EtcdFeedReader
+from .etcd_log import NO_OBJECT, log_put, read_log
 from .feed import FeedEntry, FeedRetention
 from .outbox import Outbox
 
@@ -130,7 +134,7 @@ class EtcdStore(Store):
         self._topic_root = f"/{prefix}/nbtopic/".encode()
         self._mark = f"/{prefix}/store".encode()
         self._last = f"/{prefix}/feedlast".encode()
-        self._put_last = rpc.PutRequest(key=self._last)
+        self._put_last = rpc.PutRequest(key=self._last)  # a write the log cannot name (drop_all): watch instead
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -149,7 +153,8 @@ class EtcdStore(Store):
     def initialize(self) -> None:
         absent = rpc.Compare(key=self._mark, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
         # Put once: every put is a revision of the whole cluster, which readers of the feed skip.
-        self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store"), self._put_last]))
+        self._commit(txn([absent], [rpc.PutRequest(key=self._mark, value=b"dfpubsub store"),
+                                    rpc.PutRequest(key=self._last, value=NO_OBJECT)]))
 
     def _identity(self, new: bytes, renew: bool) -> bytes:
         key = self._mark + b"/identity"
@@ -189,24 +194,72 @@ class EtcdStore(Store):
             return None
         return _object(response.responses[1].response_range.kvs, table, key, kvs[0])
 
+    def _range(self, kv: Any, key: bytes, end: bytes, limit: int, revision: int,
+               keys_only: bool = False) -> tuple[Any, int]:
+        """One Range of up to ``limit`` keys from ``key`` to ``end`` at ``revision`` (0: now), and the
+        limit it took: a page above the message limit is asked again in smaller pages."""
+        while True:
+            request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision, keys_only=keys_only)
+            try:
+                return kv.Range(request, timeout=self.timeout), limit
+            except grpc.RpcError as exc:
+                if status_code(exc) != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
+                    raise
+                limit //= 2
+
     def _scan(self, kv: Any, start: bytes, revision: int, keys_only: bool = False) -> tuple[list[Any], int]:
         """Pages of the keys under ``start`` at ``revision`` (0: now), and the revision read."""
         pages: list[Any] = []
         key, end, limit = start, prefix_range_end(start), _PAGE_KEYS
         while True:
-            request = rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision, keys_only=keys_only)
-            try:
-                page = kv.Range(request, timeout=self.timeout)
-            except grpc.RpcError as exc:
-                if status_code(exc) != grpc.StatusCode.RESOURCE_EXHAUSTED or limit == 1:
-                    raise
-                limit //= 2  # a page above the message limit: smaller pages
-                continue
+            page, limit = self._range(kv, key, end, limit, revision, keys_only)
             revision = revision or page.header.revision  # every page from the same snapshot
             pages.append(page.kvs)
             if not page.more or not page.kvs:
                 return pages, revision
             key = page.kvs[-1].key + b"\x00"
+
+    def _list_pages_at(self, topics: set[str], page_size: int, values: bool) -> tuple[int, Pages]:
+        first, revision = self._page(self._root, page_size, 0)
+        return revision, self._pages(first, revision, topics, page_size, values)
+
+    def _page(self, key: bytes, limit: int, revision: int) -> tuple[Any, int]:
+        """Up to ``limit`` objects from ``key`` on at ``revision`` (0: now), and the revision they
+        were read at: should ``revision`` be compacted away, the store's revision now (every write
+        up to the first page's revision is still in some page)."""
+
+        def read(kv: Any) -> tuple[Any, int]:
+            try:
+                return self._range(kv, key, prefix_range_end(self._root), limit, revision)[0], revision
+            except grpc.RpcError as exc:
+                if not revision or status_code(exc) != grpc.StatusCode.OUT_OF_RANGE:
+                    raise
+                return self._range(kv, key, prefix_range_end(self._root), limit, 0)[0], 0
+
+        page, pinned = self._conn.call(read)
+        return page, pinned or int(page.header.revision)  # unpinned: read at the store's revision now
+
+    def _topics_of(self, first: bytes, last: bytes, revision: int) -> dict[bytes, str | None]:
+        """The topic keys of the object names from ``first`` to ``last`` at ``revision``."""
+        end = self._topic_root + last + b"\x00"
+        page = self._conn.call(lambda kv: self._range(kv, self._topic_root + first, end, _PAGE_KEYS, revision)[0])
+        return self._named([page.kvs])
+
+    def _pages(self, page: Any, revision: int, topics: set[str], page_size: int, values: bool) -> Pages:
+        """The pages from ``page`` on, each of the objects under the root after the last key of the
+        one before, at ``revision`` (:meth:`_page`), with the topic keys of the same names (one more
+        Range, empty where every object has its table's name as topic)."""
+        skip = len(self._root)
+        while True:
+            kvs = page.kvs
+            if not kvs:
+                return
+            named = self._topics_of(kvs[0].key[skip:], kvs[-1].key[skip:], revision)
+            blobs: list[bytes] = []
+            yield self._objects(self._selected([kvs], named, topics), blobs, values), blobs
+            if not page.more:
+                return
+            page, revision = self._page(kvs[-1].key + b"\x00", page_size, revision)
 
     def _read_all(self, under: bytes, keys_only: bool) -> tuple[list[Any], dict[bytes, str | None], int]:
         """Pages of the objects under ``under``, the topics of those that have their own, and the
@@ -224,19 +277,28 @@ class EtcdStore(Store):
                         raise
 
         pages, topic_pages, revision = self._conn.call(run)
+        return pages, self._named(topic_pages), revision
+
+    def _named(self, topic_pages: list[Any]) -> dict[bytes, str | None]:
+        """Object name -> topic, from pages of topic keys."""
         skip = len(self._topic_root)
         named: dict[bytes, str | None] = {}
         for kvs in topic_pages:
             for kv in kvs:
                 # None: a topic key that is not UTF-8; its object goes under its table's topic.
                 named[kv.key[skip:]] = foreign.decode("store_topic", kv.key, bytes.decode, kv.value)
-        return pages, named, revision
+        return named
 
     def _listed(self, under: bytes, topics: set[str] | None,
                 keys_only: bool) -> tuple[list[tuple[str, str, str, Any]], int]:
         """(topic, table, key, kv) of the objects under ``under`` of ``topics`` (all if None), and
         the revision they were read at."""
         pages, named, revision = self._read_all(under, keys_only)
+        return self._selected(pages, named, topics), revision
+
+    def _selected(self, pages: list[Any], named: dict[bytes, str | None],
+                  topics: set[str] | None) -> list[tuple[str, str, str, Any]]:
+        """(topic, table, key, kv) of the objects of ``pages`` of ``topics`` (all if None)."""
         out = []
         skip, tables = len(self._root), self.tables
         for kvs in pages:
@@ -252,7 +314,7 @@ class EtcdStore(Store):
                 topic = (named.get(name) or tbl) if named else tbl
                 if topics is None or topic in topics:
                     out.append((topic, tbl, key, kv))
-        return out, revision
+        return out
 
     def _list(self, table: str | None, topics: set[str] | None) -> list[VersionedObject]:
         if topics is not None and not topics:
@@ -311,7 +373,8 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         absent = rpc.Compare(key=path, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
         response = self._write(txn([absent], [rpc.PutRequest(key=path, value=blob),
-                                                _set_topic(table, topic_path, topic), self._put_last]))
+                                                _set_topic(table, topic_path, topic),
+                                                log_put(self._last, b"c", table, key, topic)]))
         if not response.succeeded:
             raise AlreadyExists(f"{table}/{key} already exists")
         return VersionedObject(topic, table, key, response.header.revision, value)
@@ -324,7 +387,8 @@ class EtcdStore(Store):
         # Without a new topic, the current one is read in the same transaction.
         topic_op = rpc.RangeRequest(key=topic_path) if topic is None else _set_topic(table, topic_path, topic)
         response = self._write(txn(_exists(path, expected),
-                                   [rpc.PutRequest(key=path, value=blob), topic_op, self._put_last],
+                                   [rpc.PutRequest(key=path, value=blob), topic_op,
+                                    log_put(self._last, b"u", table, key, topic or "")],
                                    [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
@@ -336,7 +400,8 @@ class EtcdStore(Store):
         path, topic_path = self._paths(table, key)
         response = self._write(txn(
             _exists(path, expected),
-            [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True), self._put_last],
+            [rpc.DeleteRangeRequest(key=path), rpc.DeleteRangeRequest(key=topic_path, prev_kv=True),
+             log_put(self._last, b"d", table, key)],
             [rpc.RangeRequest(key=path, keys_only=True)]))
         if not response.succeeded:
             self._refused(table, key, expected, response)
@@ -370,6 +435,9 @@ class EtcdStore(Store):
         kvs = self._conn.call(lambda kv: kv.Range(rpc.RangeRequest(key=self._last, keys_only=True),
                                                   timeout=self.timeout)).kvs
         return int(kvs[0].mod_revision) if kvs else None
+
+    def read_writes(self, after: int) -> tuple[list[FeedEntry], int] | None:
+        return read_log(self, after)  # the history of feedlast (dfpubsub/store/etcd_log.py)
 
     def feed_floor(self) -> int:
         # The newest modification among the objects, however many there are (etcd sorts on the

@@ -74,7 +74,7 @@ from ..errors import (
     WriteOutcomeUnknown,
 )
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, Store, decode_value
+from .api import DEFAULT_MAX_VALUE_BYTES, Pages, Store, decode_value
 from .feed import FeedEntry, FeedRetention, parse_entry
 from .outbox import Outbox, RedisOutbox
 
@@ -330,6 +330,28 @@ class _Client:
         return res
 
 
+def _fetched(table: str, chunk: list[bytes], base: bytes, rows: list[Any], out: list[VersionedObject],
+             blobs: list[bytes] | None, values: bool) -> None:
+    """The objects of a fetch script's reply for ``chunk`` (keys of ``table``) added to ``out``,
+    foreign ones skipped; with ``blobs``, their values' bytes in step (``values=False``: values
+    checked, not kept)."""
+    add, unpack = out.append, decode_value
+    for i in range(0, len(rows), 4):
+        # Keys deleted since they were listed are simply absent from the reply. The hot loop of a
+        # resync, so _object's checks inlined: the try costs nothing unless it raises.
+        key, version = chunk[rows[i] - 1], rows[i + 2]
+        try:
+            if len(version) > 20 or not version.isdigit():
+                raise ValueError(f"version {version[:40]!r} is not a positive integer")
+            value = unpack(rows[i + 3])
+            add(VersionedObject(rows[i + 1].decode(), table, key.decode(), int(version), value if values else None))
+        except foreign.DECODE_ERRORS as exc:  # None (not a hash, no value) included
+            foreign.skip_error("store_object", base + key, exc)
+        else:
+            if blobs is not None:
+                blobs.append(rows[i + 3])
+
+
 class RedisStore(Store):
     """``redis://host:port/db``; keys live under ``{prefix}:nb:``."""
 
@@ -434,27 +456,44 @@ class RedisStore(Store):
             return []
         c = self._connect()
         out: list[VersionedObject] = []
-        add, unpack = out.append, decode_value
         wanted = [] if topics is None else sorted(topics)
         for tbl in sorted(self.tables) if table is None else [table]:
             with self._errors(f"list {tbl}"):
                 for chunk, base, rows in self._fetch_table(c, tbl, c.fetch, wanted):
-                    for i in range(0, len(rows), 4):
-                        # Keys deleted since SMEMBERS are simply absent from the reply. The hot loop
-                        # of a resync, so _object's checks inlined: the try costs nothing unless it raises.
-                        key, version = chunk[rows[i] - 1], rows[i + 2]
-                        try:
-                            if len(version) > 20 or not version.isdigit():
-                                raise ValueError(f"version {version[:40]!r} is not a positive integer")
-                            value = unpack(rows[i + 3])
-                            add(VersionedObject(rows[i + 1].decode(), tbl, key.decode(), int(version),
-                                                value if values else None))
-                        except foreign.DECODE_ERRORS as exc:  # None (not a hash, no value) included
-                            foreign.skip_error("store_object", base + key, exc)
-                        else:
-                            if blobs is not None:
-                                blobs.append(rows[i + 3])
+                    _fetched(tbl, chunk, base, rows, out, blobs, values)
         return out
+
+    def _list_pages_at(self, topics: set[str], page_size: int, values: bool) -> tuple[int, Pages]:
+        c = self._connect()
+        return self._revision(c), self._pages(c, sorted(topics), page_size, values)
+
+    def _pages(self, c: _Client, wanted: list[str], page_size: int, values: bool) -> Pages:
+        """Each table's objects of ``wanted`` topics, a page per ``SSCAN`` of its index (``COUNT``
+        ``page_size``, a hint) and the scripts that read those keys; a key SSCAN returns again
+        (it may, while the set changes) is left out."""
+        for tbl in sorted(self.tables):
+            index, base = self._set(tbl), self._obj(tbl, "").encode()
+            seen: set[bytes] = set()
+            cursor = 0
+            while True:
+                out: list[VersionedObject] = []
+                blobs: list[bytes] = []
+                with self._errors(f"list {tbl}"):
+                    try:
+                        cursor, scanned = cast("tuple[int, list[bytes]]", c.r.sscan(index, cursor, count=page_size))
+                    except redis.ResponseError as exc:  # the index is not a set: as _fetch_table
+                        foreign.skip("store_index", index, "wrong_type", str(exc))
+                        break
+                    keys = [k for k in scanned if k not in seen]
+                    seen.update(keys)
+                    for start in range(0, len(keys), _CHUNK):
+                        chunk = keys[start:start + _CHUNK]
+                        _fetched(tbl, chunk, base, c.fetch(keys=[base + k for k in chunk], args=wanted), out,
+                                 blobs, values)
+                if out:
+                    yield out, blobs
+                if not cursor:
+                    break
 
     def _fetch_table(self, c: _Client, table: str, script: Script,
                      wanted: list[str]) -> Iterator[tuple[list[bytes], bytes, list[Any]]]:

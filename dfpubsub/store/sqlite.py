@@ -32,7 +32,7 @@ from ..backends import foreign
 from ..backends.sqlite import SqliteDb, fetch_rows, file_location
 from ..errors import AlreadyExists, HistoryGone, NotFound, StoreUnavailable, VersionConflict
 from ..events import VersionedObject
-from .api import DEFAULT_MAX_VALUE_BYTES, PackedTable, Store
+from .api import DEFAULT_MAX_VALUE_BYTES, PackedTable, Pages, Store
 from .feed import FeedEntry, FeedRetention, parse_entry
 from .outbox import Outbox, SqliteOutbox
 
@@ -298,6 +298,28 @@ class SqliteStore(Store):
         rows, revision = self._at_revision(_SELECT + self._topics_clause(topics), sorted(self.tables),
                                            tuple(topics))
         return self._objects_of(rows, blobs, values), blobs or [], revision
+
+    def _list_pages_at(self, topics: set[str], page_size: int, values: bool) -> tuple[int, Pages]:
+        revision = self._read("SELECT value FROM nb_meta WHERE name = 'revision'", ())[0][0]
+        return int(revision), self._pages(topics, page_size, values)
+
+    def _pages(self, topics: set[str], page_size: int, values: bool) -> Pages:
+        """Each table's objects of ``topics`` in key order, a page per read (after the last key of
+        the page before, on the primary key: ``+topic`` keeps SQLite off the topic index)."""
+        n = len(topics)
+        sql = (f"{_SELECT} AND +topic IN ({_marks(n)}) AND key > ?{n + 2} ORDER BY key LIMIT ?{n + 3}")
+        wanted = tuple(topics)
+        for table in sorted(self.tables):
+            after: Any = ""
+            while True:
+                rows = self._read(sql, (table, *wanted, after, page_size))
+                if not rows:
+                    break
+                blobs: list[bytes] = []
+                yield _objects(rows, table, blobs, values), blobs
+                if len(rows) < page_size:
+                    break
+                after = rows[-1][1]
 
     def _list_versions_at(self, topics: set[str]) -> tuple[list[tuple[str, str, str, int]], int]:
         rows, revision = self._at_revision(_SELECT_VERSIONS + self._topics_clause(topics), sorted(self.tables),

@@ -590,7 +590,7 @@ class Bench:
             return o is not None and o.version == version
 
         head = self.writer.feed_head()
-        out = self._measure(lambda: self.gate.release(self.pub), self._repaired(before), 60)
+        out = self._measure(lambda: self.gate.release(self.pub), self._repaired(before), self.args.timeout)
         closes = [p.gap_at for p in self.probes]
         dones = [p.repaired_at for p in self.probes]
         if None in closes or None in dones:
@@ -636,7 +636,7 @@ class Bench:
         before = [p.repairs for p in self.probes]
         t0 = time.perf_counter()
         out = self._measure(lambda: setattr(gate, "cut", True), self._repaired(before),
-                            30 + 10 * self.args.idle)
+                            max(self.args.timeout, 30 + 10 * self.args.idle))
         out["detected_s"] = max(p.gap_at for p in self.probes) - t0  # type: ignore[type-var, operator]
         out["latency_ms"] = (max(p.repaired_at for p in self.probes)  # type: ignore[type-var, operator]
                              - min(p.gap_at for p in self.probes)) * 1000  # type: ignore[type-var]
@@ -784,6 +784,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-threads", type=int, default=16)
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds a cache may take, after its repair ended, to show the lost write")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds a repair of every controller may take (four relists of the largest size in "
+                        "one process, on a machine loaded by others)")
     parser.add_argument("--foreign-trials", type=int, default=3,
                         help="lost-envelope replays whose store server's last write is another store's")
     parser.add_argument("--busy", default="1000,limit",

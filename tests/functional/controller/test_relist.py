@@ -62,7 +62,8 @@ def test_a_forged_huge_version_is_replaced_by_the_store(store):
     assert cache.apply(event(real, version=FORGED, value={"mac": "evil"}))
     ghost = real._replace(key="ghost")
     assert cache.apply(event(ghost, Action.CREATE, version=FORGED, value="evil"))
-    changes, count, _, changed = relist(store, cache, TOPICS)
+    found = relist(store, cache, TOPICS)
+    changes, count, changed = found.changes, found.objects, found.changed
     assert count == 2 and changed == len(changes) and as_dict(cache) == listing(store)
     assert {(c.action, c.key, c.version) for c in changes} == {
         (Action.UPDATE, "p1", real.version), (Action.DELETE, "ghost", FORGED)}
