@@ -2,6 +2,7 @@
 are read from the change feed, a restart resumes at the log's reach marker without reading twice
 what was archived, and a feed whose history is gone leaves a marker saying so."""
 
+import os
 from collections import Counter
 
 import msgpack
@@ -152,5 +153,33 @@ def test_history_gone_below_the_reach_leaves_a_marker_and_goes_on(tmp_path):
         assert kept and all(r["version"] > gone[0]["version"] for r in kept)  # what the feed still had
         assert max(r["version"] for r in rows if r["action"] == REACH) == store.feed_head()
         assert b.stats.get("history_gone") == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("backend", ["etcd", "redis"])
+def test_the_same_on_etcd_and_redis_stores(backend, request, tmp_path):
+    server = request.getfixturevalue(f"shared_{backend}")
+    store = open_store(server.url, ["port", "network"], prefix=f"bf{os.getpid()}-{tmp_path.name}")
+    store.initialize()
+    try:
+        clock, log = Clock(), tmp_path / "log"
+        a = Archive(store, log, clock, topics=("port", "net"))  # a topic that is no table's name
+        received = store.create("port", "r1", {"n": 1})
+        lost = store.create("port", "l1", {"n": 2})
+        moved = store.create("network", "n1", {"n": 3}, topic="net")
+        updated = store.update("network", "n1", {"n": 4}, moved.version)  # etcd's feed names the table as its topic
+        other = store.create("network", "n2", {"n": 5})  # topic "network": not archived
+        a.receive(received)
+
+        def settled():
+            a.backfill.step()
+            clock.now += 6
+            return a.backfill.reach >= other.version
+
+        wait_for(settled, timeout=30, what="the reach past the last write")
+        a.close()
+        assert writes(log) == Counter({("r1", received.version, "live"): 1, ("l1", lost.version, "feed"): 1,
+                                       ("n1", moved.version, "feed"): 1, ("n1", updated.version, "feed"): 1})
     finally:
         store.close()
