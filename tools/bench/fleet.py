@@ -19,6 +19,10 @@ Scenarios (``--scenarios``, in this order):
 * ``idle``: ``--idle-s`` seconds with no write: the fleet's background (discovery
   polls, hellos) and the unrelated writer's idle latency (a probe write a 10th of a second);
 * ``lost``: one envelope of df-feed dropped (every controller misses it);
+* ``dead``: an API worker that publishes its own writes (a second process,
+  announced in discovery) writes 5 updates and is killed -9 once they arrived;
+  every controller declares it dead after 3 x ``--idle`` and repairs (nothing
+  was lost: df-feed published the same writes);
 * ``steady``: ``--duration`` seconds of writes, nothing lost, bookmarks trusted;
   then ``baseline``: the same for ``--baseline-duration`` with every
   controller ignoring bookmarks (the same controllers: their feed test is
@@ -84,7 +88,7 @@ from storemeter import (
     wait_for,
 )
 
-from dfpubsub import Controller, ControllerOptions, Publisher, PublisherOptions, SubscriberOptions
+from dfpubsub import Controller, ControllerOptions, NbApi, Publisher, PublisherOptions, SubscriberOptions
 from dfpubsub.controller import FeedIds
 from dfpubsub.discovery import DiscoveryConnector, PublisherAnnouncer, open_discovery
 from dfpubsub.errors import WriteOutcomeUnknown
@@ -214,6 +218,8 @@ class Worker:
             return self.check(msg.get("full", False))
         if op == "stats":
             return self.stats()
+        if op == "peers":  # how many controllers know this publisher (alive)
+            return {"count": sum(msg["id"] in m.ctl.subscriber.tracker.peers for m in self.members)}
         if op == "trust":
             self.trust.on = msg["on"]
             return {}
@@ -224,6 +230,30 @@ class Worker:
                 m.close()
             return {}
         raise ValueError(f"unknown op {op!r}")
+
+
+def api_writer_main(cfg: dict[str, Any]) -> int:
+    """An API worker (``--api-writer``): writes through NbApi and publishes itself (announced in
+    discovery, role none), ``N`` updates per line read on stdin, replying with the versions written;
+    the coordinator kills it -9."""
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    store = open_bench_store(cfg["url"])
+    stats = Stats("publisher", "api-worker")
+    publisher = Publisher(load_driver(cfg["pub_driver"]).publisher(stats), "api-worker",
+                          PublisherOptions(max_idle_time=cfg["idle"]), stats)
+    discovery = open_discovery(cfg["discovery_url"], 3 * cfg["renew"], cfg["renew"], DISCOVERY_PREFIX)
+    PublisherAnnouncer(discovery, publisher)
+    api = NbApi(store, publisher)
+    rng = random.Random(7)
+    print(json.dumps({"id": publisher.id}), flush=True)
+    for line in sys.stdin:
+        written = {}
+        for _ in range(int(line)):
+            i = rng.randrange(cfg["objects"])
+            written[key_of(i)] = api.update(TABLE, key_of(i), port_value(i, rng.randrange(1 << 30))).version
+        publisher.flush()
+        print(json.dumps(written), flush=True)
+    return 0
 
 
 def worker_main(cfg: dict[str, Any]) -> int:
@@ -240,7 +270,7 @@ def worker_main(cfg: dict[str, Any]) -> int:
         out.flush()
         if msg["op"] == "stop":
             return 0
-    return 0
+    os._exit(0)  # the coordinator is gone: no goodbyes (its controllers' threads would keep this alive)
 
 
 # -- the coordinator ----------------------------------------------------------------------------
@@ -454,6 +484,9 @@ class Run:
             relists=sum(v for k, v in dc.items() if k.startswith("relists:")),
             proofs=dc["checkpoint_proofs"], bookmark_moves=dc["bookmark_moves"],
             causes=sorted(k for k in dc if k.startswith(("replays:", "relists:"))))
+        idle = self.rows.get("idle")
+        if idle and "bytes" in row:  # beyond the fleet's background (discovery polls, hellos)
+            row["bytes_net"] = row["bytes"] - idle["bytes_per_s"] * wall
         row["cpu_per_event_us"] = row["ctl_cpu_s"] / (writes * n) * 1e6 if writes else None
         row["read_share"] = (row["entries"] + row["objects"] + row["listed"]) / (writes * n) if writes else None
         self.rows[name] = row
@@ -491,6 +524,39 @@ class Run:
             return 5
         self.measure("lost", act)
 
+    def relists(self) -> int:
+        return sum(v for k, v in self.fleet.stats()["counters"].items() if k.startswith("relists:"))
+
+    def dead(self) -> None:
+        """An API worker that publishes its writes itself is killed -9 after they arrived: every
+        controller declares it dead (3 x ``--idle``) and repairs; nothing was lost."""
+        cfg = {"url": self.url, "discovery_url": self.discovery_url, "pub_driver": self.args.pub_driver,
+               "idle": self.args.idle, "renew": self.args.renew, "objects": self.args.objects}
+        proc = subprocess.Popen([sys.executable, __file__, "--api-writer", json.dumps(cfg)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        pid = json.loads(proc.stdout.readline())["id"]
+
+        def known() -> int:
+            return sum(r["count"] for r in self.fleet.ask({"op": "peers", "id": pid}))
+        try:
+            wait_for(lambda: known() == self.fleet.n, 120, "every controller to hear the API worker", poll=0.2)
+
+            def act() -> int:
+                proc.stdin.write("5\n")  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+                with self.writer.lock:
+                    self.writer.delta.update(json.loads(proc.stdout.readline()))  # type: ignore[union-attr]
+                wait_for(self.all_equal, 60, "the API worker's writes to arrive", poll=0.1)
+                proc.kill()
+                wait_for(lambda: known() == 0, 60 + 10 * self.args.idle, "every controller to declare it dead",
+                         poll=0.2)
+                return 5
+            self.measure("dead", act)
+        finally:
+            proc.kill()
+            proc.wait()
+
     def partition(self) -> None:
         cut = self.fleet.procs[:max(1, len(self.fleet.procs) // 10)]
 
@@ -515,6 +581,7 @@ class Run:
         """df-feed gone, history trimmed past every position, a new df-feed: every controller relists
         (those whose checkpoint came while df-feed was down first). Counted from df-feed's stop."""
         lat: list[float] = []
+        before = self.relists()
 
         def act() -> int:
             self.feed.close()
@@ -540,7 +607,11 @@ class Run:
                     probes += 1
                 done.set()
             threading.Thread(target=probe, daemon=True).start()
-            wait_for(self.all_equal, self.args.history_timeout, "every cache to equal the store again", poll=0.2)
+            # Every controller relisted (or, if some replayed, every cache holds every write; with
+            # a write every 0.1 s that second test rarely holds across a busy fleet: a check is
+            # against the writes made before it, the newest of which may still be on their way).
+            wait_for(lambda: self.relists() - before >= self.fleet.n or self.all_equal(), self.args.history_timeout,
+                     "every controller's relist", poll=0.2)
             stop.set()
             done.wait(10)
             lat.extend(self.writer.latencies)
@@ -558,7 +629,7 @@ def fmt(row: dict[str, Any]) -> str:
     mb = lambda k: f"{row[k] / 1e6:,.1f}" if row.get(k) is not None else "-"  # noqa: E731
     cpe = f"{row['cpu_per_event_us']:.0f}" if row.get("cpu_per_event_us") is not None else "-"
     return (f"store {mb('bytes')} MB in {row.get('commands', 0):,} cmds, cpu {row.get('store_cpu_s', 0):.1f}s, "
-            f"peak rss {mb('store_peak_rss')} MB; caches equal after {row['converge_s']:.2f}s "
+            f"peak rss {mb('store_peak_rss')} MB; took {row['wall_s']:.1f}s, caches equal after {row['converge_s']:.2f}s "
             f"({'all equal' if row['equal'] else '!! NOT EQUAL'}); writes {row['writes']}; replays {row['replays']}, "
             f"relists {row['relists']}, entries {row['entries']:,}, objects {row['objects']:,}, "
             f"listed {row['listed']:,}; ctl cpu {row['ctl_cpu_s']:.1f}s ({cpe} us/event/ctl); {row['causes']}")
@@ -585,6 +656,7 @@ def discovery_url_of(url: str, tmp: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--api-writer", help=argparse.SUPPRESS)
     parser.add_argument("--store", default="redis", choices=("redis", "etcd", "sqlite"))
     parser.add_argument("--controllers", type=int, default=100)
     parser.add_argument("--workers", type=int, default=10, help="worker processes the controllers share")
@@ -605,14 +677,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=2.0, help="the controllers' max_idle_time (s)")
     parser.add_argument("--renew", type=float, default=1.0, help="discovery's renew interval (TTL 3x)")
     parser.add_argument("--driver", default="zmq", help="the pub/sub driver: zmq, or a driver URL both sides use")
-    parser.add_argument("--scenarios", default="cold,idle,lost,steady,baseline,partition,restart,history")
+    parser.add_argument("--scenarios", default="cold,idle,lost,dead,steady,baseline,partition,restart,history")
     parser.add_argument("--load-threads", type=int, default=16)
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(json.loads(args.worker))
+    if args.api_writer:
+        return api_writer_main(json.loads(args.api_writer))
     args.baseline_duration = args.baseline_duration or args.duration / 2
     args.pub_driver, sub_driver = ("zmq+tcp://127.0.0.1:0", "zmq") if args.driver == "zmq" else (args.driver,) * 2
     scenarios = [s for s in args.scenarios.split(",") if s]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the workers and the store server on the way out
     logging.basicConfig(level=logging.ERROR)
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp, \
@@ -633,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = {"cold": run.cold, "idle": run.idle,
                      "steady": lambda: run.steady("steady", args.duration, True),
                      "baseline": lambda: run.steady("baseline", args.baseline_duration, False),
-                     "lost": run.lost, "partition": run.partition, "restart": run.restart, "history": run.history}
+                     "lost": run.lost, "dead": run.dead, "partition": run.partition, "restart": run.restart, "history": run.history}
             for name in scenarios:
                 steps[name]()
             rows = run.rows
@@ -646,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
                               "workers": args.workers, "objects": args.objects, "driver": args.driver,
                               "run_s": round(time.monotonic() - t_start)}
     for name, r in rows.items():
-        for k in ("bytes", "commands", "store_cpu_s", "store_peak_rss", "converge_s", "replays", "relists",
+        for k in ("bytes", "bytes_net", "fleet_rss", "threads", "wall_s", "commands", "store_cpu_s", "store_peak_rss", "converge_s", "replays", "relists",
                   "entries", "objects", "listed", "writes", "cpu_per_event_us", "read_share", "writer_p99_ms"):
             if r.get(k) is not None:
                 result[f"{name}_{k}"] = round(r[k], 4) if isinstance(r[k], float) else r[k]
@@ -655,6 +730,10 @@ def main(argv: list[str] | None = None) -> int:
         result["steady_read_share"] = round(with_, 5)
         result["baseline_read_share"] = round(without, 5)
         result["ratio"] = round(with_ / without, 5) if without else None
+        for name in ("steady", "baseline"):  # the store's bytes a write cost, per controller
+            r = rows[name]
+            if r.get("bytes_net") is not None and r["writes"]:
+                result[f"{name}_bytes_per_write_ctl"] = round(r["bytes_net"] / (r["writes"] * args.controllers), 1)
     if "history" in rows and "cold" in rows and "idle" in rows:
         h = rows["history"]
         result["history_listed_per_controller"] = round(h["listed"] / (args.controllers * args.objects), 3)
