@@ -42,7 +42,8 @@ Each scenario reports what the store server sent and the commands it ran
 (its own counters: Redis ``INFO``, etcd ``/metrics``; none for SQLite), its CPU
 seconds and peak RSS (``/proc``), the controllers' repairs (replays,
 relists, feed entries and objects read), the time from the scenario's end
-of writes until every cache equals the store (checked object by object
+of writes until every cache equals the store (polled on the count and the
+objects written since the last full check; then checked object by object
 against what the writer wrote, every key's version and the count), and the
 controllers' CPU per event (all worker processes' CPU / (writes x
 controllers)).
@@ -91,7 +92,7 @@ from storemeter import (
 from dfpubsub import Controller, ControllerOptions, NbApi, Publisher, PublisherOptions, SubscriberOptions
 from dfpubsub.controller import FeedIds
 from dfpubsub.discovery import DiscoveryConnector, PublisherAnnouncer, open_discovery
-from dfpubsub.errors import WriteOutcomeUnknown
+from dfpubsub.errors import StoreUnavailable, WriteOutcomeUnknown
 from dfpubsub.feed_publisher import FeedPublisher
 from dfpubsub.metrics import Stats
 from dfpubsub.plugins import load_driver
@@ -129,7 +130,18 @@ class Member:
             runtime=ControllerOptions(workers=1, checkpoint_interval=cfg["checkpoint"]),
             feeds=trust)
         self.discovery = open_discovery(cfg["discovery_url"], 3 * cfg["renew"], cfg["renew"], DISCOVERY_PREFIX)
-        self.connector = DiscoveryConnector(self.discovery, self.ctl.subscriber, feeds=trust.ids)
+        #: Discovery's first listing timed out (the store busy with other controllers' listings)
+        #: and was tried again, as a supervisor would restart df-controller.
+        self.failures = 0
+        while True:
+            try:
+                self.connector = DiscoveryConnector(self.discovery, self.ctl.subscriber, feeds=trust.ids)
+                break
+            except StoreUnavailable:
+                self.failures += 1
+                if self.failures > 100:
+                    raise
+                time.sleep(1.0)
 
     def close(self) -> None:
         self.ctl.stop(timeout=3.0)
@@ -139,7 +151,7 @@ class Member:
 
 
 def counters_of(m: Member) -> dict[str, int]:
-    return m.ctl.stats.snapshot()
+    return {**m.ctl.stats.snapshot(), "discovery_failures": m.failures}
 
 
 class Worker:
@@ -150,6 +162,7 @@ class Worker:
         self.trust = Trust()
         self.members: list[Member] = []
         self.expected: dict[str, int] = {}
+        self.dirty: set[str] = set()  # written since the last full check that passed
         #: The counters of controllers stopped by a restart (their successors count afresh).
         self.retired: Counter[str] = Counter()
 
@@ -182,16 +195,20 @@ class Worker:
 
     def check(self, full: bool) -> dict[str, Any]:
         """How many caches equal the expected store: ``full`` checks every object and the count;
-        otherwise the first mismatch of a cache ends its check (a cheap poll)."""
+        otherwise (a cheap poll) the count and the objects written since the last full check that
+        passed (the others did not change), the first mismatch of a cache ending its check."""
+        keys = self.expected if full else self.dirty
         equal = 0
         for m in self.members:
             cache = m.ctl.cache
             ok = len(cache) == len(self.expected)
-            for k, v in self.expected.items():
+            for k in keys:
                 if not ok:
                     break
-                ok = cache.version(TABLE, k) == v
+                ok = cache.version(TABLE, k) == self.expected[k]
             equal += ok
+        if full and equal == len(self.members):
+            self.dirty = set()
         return {"equal": equal, "full": full}
 
     def stats(self) -> dict[str, Any]:
@@ -213,6 +230,7 @@ class Worker:
                 with open(msg["file"], encoding="ascii") as fh:
                     self.expected = json.load(fh)
             self.expected.update(msg.get("delta", {}))
+            self.dirty.update(msg.get("delta", {}))
             return {}
         if op == "check":
             return self.check(msg.get("full", False))
@@ -349,7 +367,18 @@ class Feed:
         self.publisher = Publisher(transport, name, PublisherOptions(max_idle_time=1.0), self.stats)
         self.feed = FeedPublisher(self.store, self.publisher, None, compact_interval=0, bookmark_interval=0.2)
         self.discovery = open_discovery(discovery_url, 3 * renew, renew, DISCOVERY_PREFIX)
-        self.announcer = PublisherAnnouncer(self.discovery, self.publisher, role="feed")
+        #: Registrations that failed (the store too busy to answer within discovery's timeout) and
+        #: were retried, as df-feed's start-up retries them.
+        self.register_failures = 0
+        while True:
+            try:
+                self.announcer = PublisherAnnouncer(self.discovery, self.publisher, role="feed")
+                break
+            except StoreUnavailable:
+                self.register_failures += 1
+                if self.register_failures > 120:
+                    raise
+                time.sleep(0.5)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.feed.run, args=(self.stop,), name=name, daemon=True)
         self.thread.start()
@@ -483,6 +512,7 @@ class Run:
             replays=sum(v for k, v in dc.items() if k.startswith("replays:")),
             relists=sum(v for k, v in dc.items() if k.startswith("relists:")),
             proofs=dc["checkpoint_proofs"], bookmark_moves=dc["bookmark_moves"],
+            discovery_failures=dc["discovery_failures"],
             causes=sorted(k for k in dc if k.startswith(("replays:", "relists:"))))
         idle = self.rows.get("idle")
         if idle and "bytes" in row:  # beyond the fleet's background (discovery polls, hellos)
@@ -618,6 +648,7 @@ class Run:
             return self.args.history_writes + probes
         row = self.measure("history", act)
         row["converge_s"] = row["wall_s"]  # from df-feed's stop: the relists are the repair
+        row["feed_register_failures"] = self.feed.register_failures
         row["writer_p99_ms"] = pct(lat, 0.99) * 1000 if lat else None
 
     def close(self) -> None:
@@ -632,7 +663,9 @@ def fmt(row: dict[str, Any]) -> str:
             f"peak rss {mb('store_peak_rss')} MB; took {row['wall_s']:.1f}s, caches equal after {row['converge_s']:.2f}s "
             f"({'all equal' if row['equal'] else '!! NOT EQUAL'}); writes {row['writes']}; replays {row['replays']}, "
             f"relists {row['relists']}, entries {row['entries']:,}, objects {row['objects']:,}, "
-            f"listed {row['listed']:,}; ctl cpu {row['ctl_cpu_s']:.1f}s ({cpe} us/event/ctl); {row['causes']}")
+            f"listed {row['listed']:,}; ctl cpu {row['ctl_cpu_s']:.1f}s ({cpe} us/event/ctl); {row['causes']}"
+            + "".join(f"; !! {row[k]} {k.replace('_', ' ')}" for k in ("discovery_failures", "write_timeouts",
+                                                                        "feed_register_failures") if row.get(k)))
 
 
 def print_table(args: argparse.Namespace, rows: dict[str, dict[str, Any]]) -> None:
@@ -675,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-timeout", type=float, default=600.0)
     parser.add_argument("--window", type=float, default=0.2, help="the controllers' message delay window (s)")
     parser.add_argument("--idle", type=float, default=2.0, help="the controllers' max_idle_time (s)")
-    parser.add_argument("--renew", type=float, default=1.0, help="discovery's renew interval (TTL 3x)")
+    parser.add_argument("--renew", type=float, default=3.0,
+                        help="discovery's renew interval (TTL 3x; its calls' timeout too), df-controller's default")
     parser.add_argument("--driver", default="zmq", help="the pub/sub driver: zmq, or a driver URL both sides use")
     parser.add_argument("--scenarios", default="cold,idle,lost,dead,steady,baseline,partition,restart,history")
     parser.add_argument("--load-threads", type=int, default=16)
@@ -722,7 +756,8 @@ def main(argv: list[str] | None = None) -> int:
                               "run_s": round(time.monotonic() - t_start)}
     for name, r in rows.items():
         for k in ("bytes", "bytes_net", "fleet_rss", "threads", "wall_s", "commands", "store_cpu_s", "store_peak_rss", "converge_s", "replays", "relists",
-                  "entries", "objects", "listed", "writes", "cpu_per_event_us", "read_share", "writer_p99_ms"):
+                  "entries", "objects", "listed", "writes", "cpu_per_event_us", "read_share", "writer_p99_ms",
+                  "feed_register_failures", "write_timeouts", "discovery_failures"):
             if r.get(k) is not None:
                 result[f"{name}_{k}"] = round(r[k], 4) if isinstance(r[k], float) else r[k]
     if "steady" in rows and "baseline" in rows:
