@@ -73,8 +73,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from storemeter import (
     PREFIX,
@@ -101,6 +102,7 @@ from dfpubsub.store.feed import FeedRetention
 from dfpubsub.testing import LossyTransport
 
 DISCOVERY_PREFIX = "fleet"
+T = TypeVar("T")
 
 # -- worker processes: many controllers each ----------------------------------------------------
 
@@ -115,6 +117,20 @@ class Trust:
 
     def __call__(self, publisher_id: str) -> bool:
         return self.on and self.ids(publisher_id)
+
+
+def retried(make: Callable[[], T], pause: float = 1.0, most: int = 100) -> tuple[T, int]:
+    """``make()``, tried again after ``pause`` while the store is unavailable (as a supervisor
+    restarts a daemon whose start failed); with how many tries failed."""
+    failures = 0
+    while True:
+        try:
+            return make(), failures
+        except StoreUnavailable:
+            failures += 1
+            if failures > most:
+                raise
+            time.sleep(pause)
 
 
 class Member:
@@ -132,16 +148,8 @@ class Member:
         self.discovery = open_discovery(cfg["discovery_url"], 3 * cfg["renew"], cfg["renew"], DISCOVERY_PREFIX)
         #: Discovery's first listing timed out (the store busy with other controllers' listings)
         #: and was tried again, as a supervisor would restart df-controller.
-        self.failures = 0
-        while True:
-            try:
-                self.connector = DiscoveryConnector(self.discovery, self.ctl.subscriber, feeds=trust.ids)
-                break
-            except StoreUnavailable:
-                self.failures += 1
-                if self.failures > 100:
-                    raise
-                time.sleep(1.0)
+        self.connector, self.failures = retried(
+            lambda: DiscoveryConnector(self.discovery, self.ctl.subscriber, feeds=trust.ids))
 
     def close(self) -> None:
         self.ctl.stop(timeout=3.0)
@@ -369,16 +377,8 @@ class Feed:
         self.discovery = open_discovery(discovery_url, 3 * renew, renew, DISCOVERY_PREFIX)
         #: Registrations that failed (the store too busy to answer within discovery's timeout) and
         #: were retried, as df-feed's start-up retries them.
-        self.register_failures = 0
-        while True:
-            try:
-                self.announcer = PublisherAnnouncer(self.discovery, self.publisher, role="feed")
-                break
-            except StoreUnavailable:
-                self.register_failures += 1
-                if self.register_failures > 120:
-                    raise
-                time.sleep(0.5)
+        self.announcer, self.register_failures = retried(
+            lambda: PublisherAnnouncer(self.discovery, self.publisher, role="feed"))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.feed.run, args=(self.stop,), name=name, daemon=True)
         self.thread.start()
@@ -525,11 +525,12 @@ class Run:
 
     # -- scenarios ------------------------------------------------------------------------------
 
-    def cold(self) -> None:
+    def fleet_op(self, name: str, op: str) -> None:
+        """Every worker does ``op`` (``start``: the cold start; ``restart``: the rolling restart)."""
         def act() -> int:
-            self.fleet.ask({"op": "start"})
+            self.fleet.ask({"op": op})
             return 0
-        self.measure("cold", act)
+        self.measure(name, act)
 
     def idle(self) -> None:
         def act() -> int:
@@ -600,12 +601,6 @@ class Run:
                     os.kill(p.pid, signal.SIGCONT)
         row = self.measure("partition", act)
         row["cut"] = sum(self.fleet.sizes[: len(cut)])
-
-    def restart(self) -> None:
-        def act() -> int:
-            self.fleet.ask({"op": "restart"})
-            return 0
-        self.measure("restart", act)
 
     def history(self) -> None:
         """df-feed gone, history trimmed past every position, a new df-feed: every controller relists
@@ -699,13 +694,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-duration", type=float, default=0.0,
                         help="seconds of the baseline (bookmarks ignored); default: half of --duration")
     parser.add_argument("--checkpoint", type=float, default=10.0, help="the controllers' checkpoint_interval (s)")
-    parser.add_argument("--idle-s", type=float, default=5.0)
-    parser.add_argument("--partition-s", type=float, default=30.0)
+    parser.add_argument("--idle-s", type=float, default=5.0, help="seconds of the idle scenario")
+    parser.add_argument("--partition-s", type=float, default=30.0, help="seconds a tenth of the fleet is stopped")
     parser.add_argument("--history-writes", type=int, default=200,
                         help="writes while df-feed is down (fewer than a replay may read: the relists are "
                         "for history gone, not for too much to replay)")
     parser.add_argument("--history-keep", type=int, default=50, help="feed entries the store keeps meanwhile")
-    parser.add_argument("--history-timeout", type=float, default=600.0)
+    parser.add_argument("--history-timeout", type=float, default=600.0, help="seconds the storm may take")
     parser.add_argument("--window", type=float, default=0.2, help="the controllers' message delay window (s)")
     parser.add_argument("--idle", type=float, default=2.0, help="the controllers' max_idle_time (s)")
     parser.add_argument("--renew", type=float, default=3.0,
@@ -739,10 +734,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             fleet.ask({"op": "expect", "file": str(truth)})
             run = Run(args, url, meter, fleet, discovery_url)
-            steps = {"cold": run.cold, "idle": run.idle,
+            steps = {"cold": lambda: run.fleet_op("cold", "start"), "idle": run.idle,
                      "steady": lambda: run.steady("steady", args.duration, True),
                      "baseline": lambda: run.steady("baseline", args.baseline_duration, False),
-                     "lost": run.lost, "dead": run.dead, "partition": run.partition, "restart": run.restart, "history": run.history}
+                     "lost": run.lost, "dead": run.dead, "partition": run.partition,
+                     "restart": lambda: run.fleet_op("restart", "restart"), "history": run.history}
             for name in scenarios:
                 steps[name]()
             rows = run.rows
