@@ -1,0 +1,51 @@
+"""The fleet benchmark, small: 50 controllers in two worker processes against a private Redis, every
+scenario once, so that the harness cannot rot. Not a timing test: it checks that every scenario ended
+with every cache equal to the store (the benchmark compares them object by object) and that the
+figures add up (what a cold start listed, what the relists of a feed whose history is gone read,
+bookmarks leaving the steady writes' reads below the baseline's)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "tools" / "bench" / "fleet.py"
+CONTROLLERS, OBJECTS = 50, 1000
+
+# Fifty controllers' threads: minutes on a busy 2-core machine, seconds on a quiet one.
+pytestmark = [pytest.mark.zmq, pytest.mark.timeout(1200)]
+
+
+def test_fifty_controllers_end_every_scenario_equal_to_the_store_and_the_figures_add_up():
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--store", "redis", "--controllers", str(CONTROLLERS), "--workers", "2",
+         "--objects", str(OBJECTS), "--rate", "100", "--duration", "3", "--baseline-duration", "3",
+         "--checkpoint", "1", "--idle-s", "1", "--idle", "1", "--partition-s", "2", "--history-timeout", "600"],
+        capture_output=True, text=True, timeout=1100)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "fleet"
+    assert result["unequal"] == [], out.stdout
+    # Every controller listed the table once at its cold start, and again when restarted.
+    for name in ("cold", "restart"):
+        assert result[f"{name}_relists"] >= CONTROLLERS
+        assert result[f"{name}_listed"] >= CONTROLLERS * OBJECTS
+        assert result[f"{name}_bytes"] > CONTROLLERS * OBJECTS * 100, "a port's listing is ~200 bytes"
+    # Steady writes with bookmarks read less than the baseline, whose checkpoints replay every entry.
+    assert result["steady_writes"] > 0 and result["baseline_writes"] > 0
+    assert result["baseline_read_share"] > 0.3
+    assert result["steady_read_share"] < result["baseline_read_share"]
+    assert 0 <= result["ratio"] < 1
+    assert result["steady_cpu_per_event_us"] > 0
+    # One lost envelope: every controller replays, and none relists.
+    assert result["lost_replays"] >= CONTROLLERS
+    assert result["lost_relists"] == 0
+    # An API worker killed -9 after its writes arrived: every controller repairs, reads no object.
+    assert result["dead_replays"] >= CONTROLLERS
+    assert result["dead_relists"] == 0 and result["dead_objects"] == 0
+    # History gone for all: every controller relists the table.
+    assert result["history_relists"] >= CONTROLLERS
+    assert result["history_listed_per_controller"] >= 1.0
+    assert result["history_store_peak_rss"] > 0 and result["history_writer_p99_ms"] > 0
