@@ -198,27 +198,28 @@ class FeedPublisher:
             packed = {(o.table, o.key): b for o, b in zip(objects, blobs)}
         else:
             current = {(o.table, o.key): o for o in self._current(wanted)}
-        publish = self.publisher.publish
-        for (table, key), entry in sorted(last.items(), key=lambda item: item[1].revision):
-            self._topics.add(entry.topic)
-            try:
-                if entry.action is Action.DELETE:
-                    publish(entry.topic, table, key, Action.DELETE, entry.revision)
-                else:
-                    obj = current.get((table, key))
-                    if obj is None:  # deleted since: its delete's entry follows
-                        self.stats.inc("feed_gone_since")
-                        continue
-                    self._topics.add(obj.topic)
-                    publish(obj.topic, table, key, entry.action, obj.version, obj.value, None,
-                            packed.get((table, key)))
-                self.stats.inc("feed_published")
-            except InvalidEvent as exc:  # too large for a frame, say: a gap makes subscribers repair it
-                self.stats.inc("feed_unpublishable")
-                self._trouble.warning("event", "change not publishable; its topic is declared lost", table=table,
-                                      key=key, error=str(exc))
-                self.publisher.declare_lost((entry.topic,), "feed_unpublishable")
-        self.publisher.flush()
+        publish, topics, published = self.publisher.publish, self._topics, 0
+        with self.publisher.burst():  # flushed at its end
+            for (table, key), entry in sorted(last.items(), key=lambda item: item[1].revision):
+                topics.add(entry.topic)
+                try:
+                    if entry.action is Action.DELETE:
+                        publish(entry.topic, table, key, Action.DELETE, entry.revision)
+                    else:
+                        obj = current.get((table, key))
+                        if obj is None:  # deleted since: its delete's entry follows
+                            self.stats.inc("feed_gone_since")
+                            continue
+                        topics.add(obj.topic)
+                        publish(obj.topic, table, key, entry.action, obj.version, obj.value, None,
+                                packed.get((table, key)))
+                    published += 1
+                except InvalidEvent as exc:  # too large for a frame, say: a gap makes subscribers repair it
+                    self.stats.inc("feed_unpublishable")
+                    self._trouble.warning("event", "change not publishable; its topic is declared lost", table=table,
+                                          key=key, error=str(exc))
+                    self.publisher.declare_lost((entry.topic,), "feed_unpublishable")
+        self.stats.inc("feed_published", published)
 
     def _current(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         """The objects of ``refs`` that exist; one whose value does not decode (written beside the

@@ -35,12 +35,13 @@ topic has been silent for ``max_idle_time`` since the last hello.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,6 +189,7 @@ class Publisher:
         self._last_hello = now
         self._last_send = now
         self._rev: int | None = None  # the bookmark every hello carries (see bookmark())
+        self._bursts = 0  # callers inside burst(): no event leaves on its own
         with self._lock:
             self._send_hello("start")
         self._thread = threading.Thread(target=self._run, name=f"dfpubsub-pub-{self.name}", daemon=True)
@@ -272,7 +274,7 @@ class Publisher:
                 self._window_end, self._in_window, self._sending = now + _WINDOW, 0, 0.0
             self._in_window += 1
             light = events is None and not self._busy and self._in_window <= _BATCH_FROM and \
-                self._sending <= _SENDING and not self.transport.backlog
+                self._sending <= _SENDING and not self.transport.backlog and not self._bursts
             if events is None or st.size + size > st.limit:
                 # limit <= room: an event too large for any envelope never fits the current one.
                 if size > st.room:
@@ -305,6 +307,22 @@ class Publisher:
         """Send every pending batch now."""
         with self._lock:
             self._flush_all()
+
+    @contextlib.contextmanager
+    def burst(self) -> Iterator[None]:
+        """Publish a burst whose end the caller knows, and flush it at the end of the block: meanwhile
+        no event leaves in an envelope of its own (the light-traffic path), each joins its topic's
+        batch, which leaves when full, at its linger, or at the end. df-feed publishes each page of
+        the feed so: a page of a thousand entries went out as ~200 envelopes (the first thirty events
+        of every millisecond alone), and each send cost more than packing the events it held."""
+        with self._lock:
+            self._bursts += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._bursts -= 1
+                self._flush_all()
 
     def hello(self, reason: str = "idle") -> None:
         """Flush, then send a hello with the current sequence of every topic."""
