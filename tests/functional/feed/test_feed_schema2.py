@@ -3,33 +3,20 @@ controllers keep them as they came, a mixed fleet (schema 1 and 2 publishers) co
 forged value that fails its first decode is counted and repaired, never reconciled
 (docs/protocol.md §4.6, §6.4)."""
 
-import itertools
 import time
 
 import msgpack
-import pytest
 import zmq
 
 from dfpubsub import Publisher, PublisherOptions, load_driver
 from dfpubsub.codec import BatchHeader, encode_batch, topic_frame
 from dfpubsub.metrics import Stats
-from dfpubsub.store import open_store
 from tests.conftest import free_port, wait_for
+from tests.functional.controller.test_relist import store
 from tests.functional.controller_helpers import TABLES, Node
 from tests.functional.feed.feed_helpers import FeedThread
 
-_prefix = itertools.count()
-
-
-@pytest.fixture(params=["sqlite", "etcd", "redis"])
-def store(request, tmp_path):
-    if request.param == "sqlite":
-        s = open_store(f"sqlite:///{tmp_path}/nb.sqlite", TABLES)
-    else:
-        server = request.getfixturevalue(f"shared_{request.param}")
-        s = open_store(server.url, TABLES, prefix=f"s2-{next(_prefix)}-{tmp_path.name}")
-    yield s
-    s.close()
+__all__ = ["store"]  # the fixture: each test on SQLite, etcd and Redis
 
 
 def _write(store, n, start=0):
