@@ -175,3 +175,35 @@ def test_a_controller_repairs_a_bad_value_from_the_store_and_no_reconciler_sees_
     assert all(v is None or type(v) is dict for vs in reader.seen.values() for v in vs)
     assert reader.seen["p3"][-1] == {"n": 103}
     assert ctrl.stats.get("envelopes_schema2") >= 20
+
+
+@pytest.mark.parametrize("value, reason", [
+    (b"\xc1", "not_msgpack"),                       # not msgpack
+    (msgpack.packb([1, 2]), "malformed"),             # not a map
+    (b"\x81\xc0" + b"\x91" * 1021 + b"\xc0", "not_msgpack"),  # 1022 containers: too deep
+    (b"\x82\xa1a\x01", "not_msgpack"),                # a map that ends early
+    (msgpack.packb({"a": 1}) + b"\x01", "not_msgpack"),  # trailing bytes
+])
+def test_a_frame_whose_value_fails_the_check_at_receipt_is_refused_whole(sqlite_store, value, reason):
+    store = sqlite_store
+    obj = store.create("port", "p1", {"n": 1})
+    driver = bus()
+    reader = Reader()
+    ctrl = Controller(store, driver.subscriber(Stats("s", "c")), ["port"], reconcilers={"port": reader},
+                      options=SubscriberOptions(message_delay_window=0.2),
+                      runtime=ControllerOptions(checkpoint_interval=0)).start()
+    try:
+        assert ctrl.synced.wait(30)
+        good = msgpack.packb({"n": 2})
+        send = driver.publisher(Stats("p", "f")).send
+        # Two events: the bad value refuses the whole envelope, the good one with it.
+        send("port", forged("port", 1, [("port", "p1", "update", obj.version + 5, good),
+                                        ("port", "p2", "create", obj.version + 6, value)]))
+        wait_for(lambda: ctrl.stats.get("decode_errors", reason=reason) == 1, 30)
+        wait_for(lambda: ctrl.stats.get("resync_requests", reason="bad_event") == 1, 30)
+        wait_for(lambda: ctrl.queue.wait_idle(0.1), 30)
+    finally:
+        ctrl.stop()
+    assert ctrl.cache.get("port", "p1").version == obj.version and ctrl.cache.get("port", "p2") is None
+    assert "p2" not in reader.seen and all(v == {"n": 1} for v in reader.seen["p1"])
+    assert ctrl.stats.get("bad_values") == 0 and ctrl.stats.get("envelopes_schema2") == 1
