@@ -617,6 +617,8 @@ class VersionedCache:
 
     def _bad_locked(self, topic: str, table: str, key: str, exc: BadValue) -> None:
         self.bad_values += 1
+        if self._touched is not None:  # the next replay reads the object, wherever its position is
+            self._touched.add((table, key))
         if self.on_bad_value is not None:
             self.on_bad_value(topic, table, key, exc)
 
