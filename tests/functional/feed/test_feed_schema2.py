@@ -15,6 +15,7 @@ from tests.conftest import free_port, wait_for
 from tests.functional.controller.test_relist import store
 from tests.functional.controller_helpers import TABLES, Node
 from tests.functional.feed.feed_helpers import FeedThread
+from tests.functional.zmq_helpers import subscribed
 
 __all__ = ["store"]  # the fixture: each test on SQLite, etcd and Redis
 
@@ -62,6 +63,8 @@ def test_a_mixed_fleet_of_schema_1_and_2_publishers_converges(store):
     node.ctrl.connect(transport.uri)
     try:
         wait_for(lambda: node.converged(store), timeout=30, what="the first sync")
+        for table in TABLES:  # else the first writes may go out before the controller's subscriptions arrive
+            subscribed(api, table)
         for i in range(30):  # written and published directly in schema 1, and by df-feed in schema 2
             obj = store.create(TABLES[i % 2], f"m{i}", {"i": i})
             api.publish(obj.topic, obj.table, obj.key, "create", obj.version, obj.value)
