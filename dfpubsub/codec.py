@@ -1,10 +1,16 @@
-"""msgpack codec for envelopes (schema version 1, specified in docs/protocol.md).
+"""msgpack codec for envelopes (schema versions 1 and 2, specified in docs/protocol.md).
 
 The publisher packs each event once, when it is published, so that the exact
 size of a batch is known before it is sent; :func:`encode_batch` then frames the
 pre-packed events without packing them again. :func:`decode` validates every
 field and raises :class:`~dfpubsub.errors.DecodeError` with a countable reason
 for anything that is not a well-formed envelope.
+
+Schema 2 differs in one thing: an event's value travels as a msgpack ``bin``
+holding the value's own msgpack bytes (the store's bytes, where the publisher
+has them). A receiver checks each such value's structure (one map within the
+depth limit: a skip, not a decode) with the rest of the events, and decodes it
+only where code needs the value (:func:`unpack_value`).
 """
 
 from __future__ import annotations
@@ -15,11 +21,16 @@ from typing import Any
 
 import msgpack
 
-from .errors import DecodeError, InvalidEvent
+from .errors import BadValue, DecodeError, InvalidEvent
 from .events import ACTIONS, Action, Bye, Envelope, Event, EventBatch, Hello
 
 __all__ = [
     "SCHEMA_VERSION",
+    "PACKED_SCHEMA",
+    "SCHEMAS",
+    "pack_value",
+    "unpack_value",
+    "check_packed",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "MAX_SEQ",
     "MAX_REV",
@@ -35,7 +46,16 @@ __all__ = [
     "topic_frame",
 ]
 
+#: The schema publishers send unless configured otherwise, and the one of hellos and byes.
 SCHEMA_VERSION = 1
+#: Values as the bytes of their msgpack encoding (a bin per event value).
+PACKED_SCHEMA = 2
+#: The schemas a receiver accepts.
+SCHEMAS = frozenset({SCHEMA_VERSION, PACKED_SCHEMA})
+#: Deepest a value may nest, in containers (the value's own map included): what it has room
+#: for in a schema 1 frame of depth 1024 (envelope, events, event array), so that both schemas
+#: carry the same values.
+MAX_VALUE_DEPTH = 1021
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 #: Largest sequence number, and largest last sequence of an envelope: a signed
 #: 64-bit integer holds every sequence in every language.
@@ -68,6 +88,65 @@ def pack_event(table: str, key: str, action: str, version: int, value: Any, time
         raise InvalidEvent(f"event {table}/{key} is not serialisable: {exc}") from exc
 
 
+_MAPS = frozenset((*range(0x80, 0x90), 0xDE, 0xDF))
+
+
+def pack_value(value: Any) -> bytes:
+    """A value's msgpack bytes as schema 2 carries them; :class:`InvalidEvent` if it is not a map
+    or cannot be serialised."""
+    if not isinstance(value, dict):
+        raise InvalidEvent(f"schema 2 carries maps as values, got {type(value).__name__}")
+    try:
+        return _packb(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidEvent(f"value is not serialisable: {exc}") from exc
+
+
+def unpack_value(packed: bytes) -> Any:
+    """The value of a schema 2 event's bytes, decoded as schema 1 decodes a value (map keys any
+    scalar, the last of repeated keys kept). What the structural check at receipt cannot prove
+    is proved here: :class:`BadValue` for invalid UTF-8, a container as a map key, a malformed
+    timestamp or a reserved extension type (docs/protocol.md §6.4)."""
+    try:
+        return msgpack.unpackb(packed, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # UnicodeDecodeError is a ValueError
+        raise BadValue(str(exc)[:200]) from exc
+
+
+# Three containers around each value: a skip then refuses a value nested deeper than
+# MAX_VALUE_DEPTH, since msgpack's own limit is 1024.
+_DEPTH_PAD = b"\x91" * (1024 - MAX_VALUE_DEPTH)
+
+
+def check_packed(values: list[bytes]) -> None:
+    """Prove the structure of schema 2 values without decoding them: each is exactly one msgpack
+    object nested at most :data:`MAX_VALUE_DEPTH` deep (else ``not_msgpack``), and a map (else
+    ``malformed``); :class:`DecodeError` for the first that is not (docs/protocol.md §6.2).
+
+    One C-level skip per value over one buffer: a value that ends early runs into the next
+    one's padding and ends elsewhere than its own end, so each end is checked."""
+    if not values:
+        return
+    pad = len(_DEPTH_PAD)
+    unpacker = msgpack.Unpacker(max_buffer_size=sum(map(len, values)) + pad * len(values),
+                                max_str_len=_NO_LIMIT, max_bin_len=_NO_LIMIT, max_array_len=_NO_LIMIT,
+                                max_map_len=_NO_LIMIT, max_ext_len=_NO_LIMIT)
+    unpacker.feed(b"".join(_DEPTH_PAD + v for v in values))
+    end, skip, tell = 0, unpacker.skip, unpacker.tell
+    for v in values:
+        end += pad + len(v)
+        try:
+            skip()
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:  # OutOfData included
+            raise DecodeError("not_msgpack", f"a value is not one msgpack object within depth {MAX_VALUE_DEPTH} "
+                              f"({type(exc).__name__})") from exc
+        if tell() != end:
+            raise DecodeError("not_msgpack", "a value is not exactly one msgpack object")
+    for v in values:
+        if v[0] not in _MAPS:
+            raise _malformed(f"a value must be a map, got type byte 0x{v[0]:02x}")
+
+
 def _array_header(n: int) -> bytes:
     if n < 16:
         return bytes((0x90 | n,))
@@ -81,12 +160,12 @@ class BatchHeader:
 
     __slots__ = ("prefix", "overhead")
 
-    def __init__(self, publisher_id: str, publisher_name: str, topic: str):
+    def __init__(self, publisher_id: str, publisher_name: str, topic: str, schema: int = SCHEMA_VERSION):
         # A map of 8 entries: these 5, then "seq", "sent_at" and "events" per batch.
         self.prefix = b"\x88" + b"".join(
             _packb(x)
             for x in (
-                "v", SCHEMA_VERSION, "kind", "event", "pub", publisher_id,
+                "v", schema, "kind", "event", "pub", publisher_id,
                 "name", publisher_name, "topic", topic,
             )
         )
@@ -221,7 +300,8 @@ def decode(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
         raise _malformed(f"envelope must be a map, got {type(obj).__name__}")
     env = _envelope(obj, data)
     if type(env) is EventBatch:
-        env.events = _events(_field(obj, "events", (list,)), env.topic, env.seq, env.publisher_id, env.sent_at)
+        env.events = _events(_field(obj, "events", (list,)), env.topic, env.seq, env.publisher_id, env.sent_at,
+                             env.schema)
         env.count = len(env.events)
         env.frame = b""
     return env
@@ -296,8 +376,9 @@ def _check_count(seq: int, count: int) -> None:
         raise _malformed(f"last sequence {seq + count - 1} above {MAX_SEQ}")
 
 
-# The head of every event envelope encode_batch makes, up to the publisher id.
-_EVENT_PREFIX = b"\x88\xa1v" + _packb(SCHEMA_VERSION) + b"\xa4kind\xa5event\xa3pub"
+# The head of every event envelope encode_batch makes, up to the publisher id, per schema.
+_EVENT_PREFIXES = {s: b"\x88\xa1v" + _packb(s) + b"\xa4kind\xa5event\xa3pub" for s in SCHEMAS}
+_PREFIX_LEN = len(_EVENT_PREFIXES[SCHEMA_VERSION])
 # Longest header encode_batch makes: prefix, three str8 of up to 255 bytes, seq, sent_at, keys.
 _HEAD_BYTES = 1024
 _UINTS = {0xCC: struct.Struct(">B"), 0xCD: struct.Struct(">H"), 0xCE: struct.Struct(">I"), 0xCF: struct.Struct(">Q")}
@@ -330,10 +411,12 @@ def _event_header(data: bytes | memoryview) -> tuple[EventBatch, int] | None:
     this accepts the general path would decode to the same envelope.
     """
     head = bytes(data[:_HEAD_BYTES])
-    if not head.startswith(_EVENT_PREFIX):
+    schema = head[3] if len(head) > 3 else 0
+    prefix = _EVENT_PREFIXES.get(schema)
+    if prefix is None or not head.startswith(prefix):
         return None
     try:
-        pid, pos = _str_at(head, len(_EVENT_PREFIX))
+        pid, pos = _str_at(head, _PREFIX_LEN)
         if not head.startswith(b"\xa4name", pos):
             return None
         name, pos = _str_at(head, pos + 5)
@@ -369,7 +452,7 @@ def _event_header(data: bytes | memoryview) -> tuple[EventBatch, int] | None:
         return None
     if not pid or not topic or seq < 1 or count < 1 or seq + count - 1 > MAX_SEQ:
         return None
-    return EventBatch(pid, name, topic, seq, sent_at, None, count, data), start
+    return EventBatch(pid, name, topic, seq, sent_at, None, count, data, schema), start
 
 
 def _check_events(data: bytes | memoryview, start: int) -> None:
@@ -408,7 +491,7 @@ def _envelope(obj: dict[Any, Any], data: bytes | memoryview) -> Envelope:
     version = obj.get("v")
     if type(version) is not int:
         raise _malformed("missing or non-integer schema version 'v'")
-    if version != SCHEMA_VERSION:
+    if version not in SCHEMAS:
         raise DecodeError("schema_version", f"unsupported schema version {version}")
     kind = obj.get("kind")
     pid = _field(obj, "pub", (str,))
@@ -421,7 +504,7 @@ def _envelope(obj: dict[Any, Any], data: bytes | memoryview) -> Envelope:
         seq = _field(obj, "seq", (int,))
         if not topic or not 1 <= seq <= MAX_SEQ:
             raise _malformed(f"an event envelope needs a topic and 1 <= seq <= {MAX_SEQ}")
-        return EventBatch(pid, name, topic, seq, sent_at, None, 0, data)
+        return EventBatch(pid, name, topic, seq, sent_at, None, 0, data, version)
     if kind == "hello":
         more = obj.get("more", False)
         if type(more) is not bool:
@@ -438,11 +521,12 @@ def _envelope(obj: dict[Any, Any], data: bytes | memoryview) -> Envelope:
     raise _malformed(f"unknown envelope kind {kind!r}")
 
 
-def _events(raw: list[Any], topic: str, seq: int, pid: str, sent_at: float) -> list[Event]:
+def _events(raw: list[Any], topic: str, seq: int, pid: str, sent_at: float, schema: int) -> list[Event]:
     _check_count(seq, len(raw))
     events: list[Event] = []
     append = events.append
     actions = ACTIONS
+    packed: list[bytes] | None = [] if schema == PACKED_SCHEMA else None
     s = seq
     try:
         for item in raw:
@@ -458,10 +542,19 @@ def _events(raw: list[Any], topic: str, seq: int, pid: str, sent_at: float) -> l
             ):
                 raise _malformed(f"bad event at seq {s}")
             act = actions[action]
-            # A delete has no value after it, whatever a publisher put there.
-            append(Event(topic, table, key, act, version, value if act is not _DELETE else None, ts, pid, s, sent_at))
+            if act is _DELETE:  # a delete has no value after it, whatever a publisher put there
+                append(Event(topic, table, key, act, version, None, ts, pid, s, sent_at))
+            elif packed is None:
+                append(Event(topic, table, key, act, version, value, ts, pid, s, sent_at))
+            elif type(value) is bytes:
+                packed.append(value)
+                append(Event(topic, table, key, act, version, None, ts, pid, s, sent_at, value))
+            else:
+                raise _malformed(f"bad event at seq {s}: a schema 2 value must be a bin, got {type(value).__name__}")
             s += 1
     except (TypeError, ValueError, KeyError) as exc:
         # Not an array of six, or an unknown or unhashable action.
         raise _malformed(f"bad event at seq {s}: {exc}") from exc
+    if packed:
+        check_packed(packed)
     return events

@@ -78,6 +78,11 @@ class PubSubSettings(_Section):
     batch_pause: float = Field(0.0001, ge=0, description="Seconds without a publish after which a partial batch "
                                "leaves before its linger: the caller's burst has ended (0: wait out the linger).")
     max_message_bytes: int = Field(1 << 20, ge=1024, description="Largest envelope sent or accepted, bytes.")
+    schema_version: int = Field(
+        1, ge=1, le=2, description="Wire schema of the event envelopes a publisher sends (docs/protocol.md §4.6): 2 "
+                                   "carries each value as the store's msgpack bytes, not decoded and encoded again "
+                                   "on the way; subscribers that know only schema 1 drop those, so upgrade every "
+                                   "subscriber first (docs/deploy.md).")
     queue_size: int = Field(4096, ge=1, description="Envelopes buffered between receive and dispatch.")
     max_held: int = Field(1024, ge=1, description="Envelopes held per stream while a gap is open.")
     resync_base_interval: float = Field(0.1, ge=0, description="Least seconds between two resyncs.")

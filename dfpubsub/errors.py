@@ -15,6 +15,7 @@ __all__ = [
     "TransportError",
     "ProtocolError",
     "DecodeError",
+    "BadValue",
     "InvalidEvent",
     "PayloadTooLarge",
     "ClosedError",
@@ -101,6 +102,13 @@ class DecodeError(ProtocolError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class BadValue(ProtocolError, ValueError):
+    """A schema 2 value passed the structural check at receipt but does not decode (invalid UTF-8,
+    a container as a map key, a malformed timestamp or reserved extension type): counted as
+    ``bad_values``, never handed to a reconciler, index or transform, its key repaired from the
+    store (docs/protocol.md §6.4)."""
 
 
 class NotificationDecodeError(DecodeError):

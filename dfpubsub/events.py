@@ -65,7 +65,10 @@ class Event:
     ``timestamp`` is when the change was made (Unix seconds).
     ``publisher_id``, ``seq`` and ``sent_at`` (when the envelope was sent,
     Unix seconds) are filled in on the subscriber side from the envelope; a
-    publisher ignores them.
+    publisher ignores them. ``packed``: the value's msgpack bytes as a schema 2
+    envelope carried them (None otherwise); ``value`` is then None until
+    something decodes them (:func:`dfpubsub.codec.unpack_value`), unless the
+    subscriber decodes every value for its handler.
     """
 
     topic: str
@@ -78,6 +81,7 @@ class Event:
     publisher_id: str = ""
     seq: int = 0
     sent_at: float = 0.0
+    packed: bytes | None = None
 
 
 class VersionedObject(NamedTuple):
@@ -111,6 +115,8 @@ class EventBatch:
     events: list[Event] | None
     count: int = -1
     frame: bytes | memoryview = b""
+    #: The envelope's schema version (docs/protocol.md §4.2).
+    schema: int = 1
 
     def __post_init__(self) -> None:
         if self.count < 0:

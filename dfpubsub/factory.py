@@ -28,6 +28,7 @@ def publisher_options(s: PubSubSettings) -> PublisherOptions:
         batch_linger=s.batch_linger,
         batch_pause=s.batch_pause,
         max_message_bytes=s.max_message_bytes,
+        schema=s.schema_version,
     )
 
 

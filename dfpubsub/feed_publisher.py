@@ -29,6 +29,11 @@ unbroken move their positions on it and read nothing from the store for it
 (dfpubsub.controller.bookmarks). An entry it cannot publish (a value too
 large for a frame) would make that claim false: its topic is declared lost
 instead, so subscribers see a gap and repair it from the store.
+
+With a publisher of wire schema 2 (docs/protocol.md §4.6) the values are not
+decoded at all: each object's bytes are read as the store holds them
+(:meth:`Store.get_many_packed`), their structure checked in one pass (what
+every subscriber checks again at receipt), and sent as they are.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from .errors import HistoryGone, InvalidEvent, StoreError
+from .codec import PACKED_SCHEMA, check_packed
+from .errors import DecodeError, HistoryGone, InvalidEvent, StoreError
 from .events import Action, VersionedObject
 from .logs import RateLimitedLog
 from .metrics import ROLE_COUNTERS, Stats
@@ -183,27 +189,37 @@ class FeedPublisher:
         # One message per object per batch: the newest entry of each, in feed order.
         last = {(e.table, e.key): e for e in entries}
         wanted = [(e.table, e.key) for e in last.values() if e.action is not Action.DELETE]
-        current = {(o.table, o.key): o for o in self._current(wanted)} if wanted else {}
-        publish = self.publisher.publish
-        for (table, key), entry in sorted(last.items(), key=lambda item: item[1].revision):
-            self._topics.add(entry.topic)
-            try:
-                if entry.action is Action.DELETE:
-                    publish(entry.topic, table, key, Action.DELETE, entry.revision)
-                else:
-                    obj = current.get((table, key))
-                    if obj is None:  # deleted since: its delete's entry follows
-                        self.stats.inc("feed_gone_since")
-                        continue
-                    self._topics.add(obj.topic)
-                    publish(obj.topic, table, key, entry.action, obj.version, obj.value)
-                self.stats.inc("feed_published")
-            except InvalidEvent as exc:  # too large for a frame, say: a gap makes subscribers repair it
-                self.stats.inc("feed_unpublishable")
-                self._trouble.warning("event", "change not publishable; its topic is declared lost", table=table,
-                                      key=key, error=str(exc))
-                self.publisher.declare_lost((entry.topic,), "feed_unpublishable")
-        self.publisher.flush()
+        packed: dict[tuple[str, str], bytes] = {}
+        if not wanted:
+            current = {}
+        elif self.publisher.options.schema == PACKED_SCHEMA:
+            objects, blobs = self._current_packed(wanted)
+            current = {(o.table, o.key): o for o in objects}
+            packed = {(o.table, o.key): b for o, b in zip(objects, blobs)}
+        else:
+            current = {(o.table, o.key): o for o in self._current(wanted)}
+        publish, topics, published = self.publisher.publish, self._topics, 0
+        with self.publisher.burst():  # flushed at its end
+            for (table, key), entry in sorted(last.items(), key=lambda item: item[1].revision):
+                topics.add(entry.topic)
+                try:
+                    if entry.action is Action.DELETE:
+                        publish(entry.topic, table, key, Action.DELETE, entry.revision)
+                    else:
+                        obj = current.get((table, key))
+                        if obj is None:  # deleted since: its delete's entry follows
+                            self.stats.inc("feed_gone_since")
+                            continue
+                        topics.add(obj.topic)
+                        publish(obj.topic, table, key, entry.action, obj.version, obj.value, None,
+                                packed.get((table, key)))
+                    published += 1
+                except InvalidEvent as exc:  # too large for a frame, say: a gap makes subscribers repair it
+                    self.stats.inc("feed_unpublishable")
+                    self._trouble.warning("event", "change not publishable; its topic is declared lost", table=table,
+                                          key=key, error=str(exc))
+                    self.publisher.declare_lost((entry.topic,), "feed_unpublishable")
+        self.stats.inc("feed_published", published)
 
     def _current(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
         """The objects of ``refs`` that exist; one whose value does not decode (written beside the
@@ -221,6 +237,28 @@ class FeedPublisher:
                 if obj is not None:
                     out.append(obj)
             return out
+
+    def _current_packed(self, refs: list[tuple[str, str]]) -> tuple[list[VersionedObject], list[bytes]]:
+        """:meth:`_current` without decoding: the objects (carrying None) and their values' bytes; one
+        whose bytes are not one msgpack object is skipped and counted (a value that is not a map stays:
+        publishing it fails, and its topic is declared lost)."""
+        objects, blobs = self.store.get_many_packed(refs)
+        try:
+            check_packed(blobs)
+            return objects, blobs
+        except DecodeError:  # find which: rare (something wrote beside the store)
+            pass
+        kept: tuple[list[VersionedObject], list[bytes]] = ([], [])
+        for obj, blob in zip(objects, blobs):
+            try:
+                check_packed([blob])
+            except DecodeError as exc:
+                if exc.reason != "malformed":
+                    self.stats.inc("feed_undecodable")
+                    continue
+            kept[0].append(obj)
+            kept[1].append(blob)
+        return kept
 
     def _lost(self, why: str) -> None:
         self.stats.inc("feed_declared_lost")

@@ -29,6 +29,10 @@ COUNTERS: dict[str, str] = {
     "events_out": "Events handed to the transport.",
     "envelopes_in": "Envelopes decoded.",
     "envelopes_out": "Envelopes sent.",
+    "envelopes_schema1": "Event envelopes received in wire schema 1 (values as msgpack objects).",
+    "envelopes_schema2": "Event envelopes received in wire schema 2 (values as their msgpack bytes).",
+    "bad_values": "Schema 2 values that passed the check at receipt but did not decode (their key was repaired "
+                  "from the store).",
     "hellos_in": "Hello messages received.",
     "hellos_out": "Hello messages sent.",
     "duplicates": "Events dropped as duplicates.",
@@ -129,7 +133,7 @@ GAUGES: dict[str, str] = {
     "snapshot_bytes": "Size of the snapshot a controller last wrote.",
 }
 
-_SUBSCRIBER = ("events_in", "envelopes_in", "hellos_in", "duplicates", "gaps", "gaps_filled", "streams_rebased",
+_SUBSCRIBER = ("events_in", "envelopes_in", "envelopes_schema1", "envelopes_schema2", "bad_values", "hellos_in", "duplicates", "gaps", "gaps_filled", "streams_rebased",
                "streams_restarted", "strings_clamped", "resync_requests", "resyncs", "resync_failures",
                "decode_errors", "drops", "handler_errors")
 _PUBLISHER = ("events_out", "envelopes_out", "hellos_out", "send_errors", "drops", "subscribers_joined")

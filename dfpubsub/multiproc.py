@@ -86,12 +86,13 @@ class WorkerPublisher:
         version: int,
         value: Any = None,
         timestamp: float | None = None,
+        packed: bytes | None = None,
     ) -> int:
         """See :meth:`Publisher.publish`."""
         pub = self._publisher  # the hot path: no property call once the publisher exists
         if pub is None:
             pub = self.publisher
-        return pub.publish(topic, table, key, action, version, value, timestamp)
+        return pub.publish(topic, table, key, action, version, value, timestamp, packed)
 
     def publish_event(self, event: Event) -> int:
         """See :meth:`Publisher.publish_event`."""

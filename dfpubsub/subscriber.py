@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .codec import DEFAULT_MAX_MESSAGE_BYTES, decode_events, decode_header
-from .errors import ClosedError, DecodeError
+from .codec import DEFAULT_MAX_MESSAGE_BYTES, PACKED_SCHEMA, decode_events, decode_header, unpack_value
+from .errors import BadValue, ClosedError, DecodeError
 from .events import CONTROL_TOPIC, Bookmark, Bye, Event, EventBatch, Hello, validate_topic
 from .logs import RateLimitedLog
 from .metrics import Stats
@@ -74,6 +74,10 @@ class SubscriberOptions:
     initial_sync: bool = True
     #: What unauthenticated peers may cost the tracker (docs/security.md).
     limits: TrackerLimits = TrackerLimits()
+    #: Hand a schema 2 event's value on as its bytes (``Event.packed``, ``value`` None) for the
+    #: handler to decode where it needs it (a cache that keeps values packed); otherwise every
+    #: value is decoded before delivery, and one that does not decode is not delivered.
+    packed_values: bool = False
 
 
 class Subscriber:
@@ -262,6 +266,7 @@ class Subscriber:
                     continue
                 if type(env) is EventBatch:
                     stats.inc("envelopes_in")
+                    stats.inc("envelopes_schema2" if env.schema == PACKED_SCHEMA else "envelopes_schema1")
                     if env.topic not in self._topics:
                         stats.inc("drops", env.count, reason="foreign_topic")
                         continue
@@ -357,6 +362,8 @@ class Subscriber:
             self._badlog.warning(exc.reason, "dropped envelope with a bad event", error=str(exc))
             self._request(ResyncRequest(batch.topic, "bad_event", batch.publisher_id, (batch.seq, batch.last_seq)))
             return
+        if batch.schema == PACKED_SCHEMA and not self.options.packed_values:
+            events = self._unpacked(events)
         if self.on_events is not None:
             try:
                 self.on_events(events)
@@ -370,6 +377,28 @@ class Subscriber:
                 except Exception as exc:  # the handler is user code; one bad event must not kill the thread
                     self._handler_failed(exc, event.topic, event.publisher_id, event.key)
         self.stats.inc("events_in", len(events))
+
+    def _unpacked(self, events: list[Event]) -> list[Event]:
+        """The events with their values decoded; one whose value does not decode is left out."""
+        out = []
+        for event in events:
+            if event.packed is not None:
+                try:
+                    event.value = unpack_value(event.packed)
+                except BadValue as exc:
+                    self.bad_value(event.topic, event.table, event.key, exc, event.publisher_id)
+                    continue
+            out.append(event)
+        return out
+
+    def bad_value(self, topic: str, table: str, key: str, exc: BadValue, publisher_id: str = "") -> None:
+        """A schema 2 value of ``topic`` passed the check at receipt but does not decode: count it
+        and resync its topic, which takes the key's value from the store (docs/protocol.md §6.4).
+        Thread-safe (a controller's workers find them as they read the cache)."""
+        self.stats.inc("bad_values")
+        self._badlog.warning("bad_value", "a value does not decode; its key is repaired from the store",
+                             topic=topic, table=table, key=key, publisher=publisher_id, error=str(exc))
+        self._request(ResyncRequest(topic, "bad_value", publisher_id))
 
     def _call(self, handler: Callable[[Any], None], item: object) -> None:
         try:

@@ -70,9 +70,9 @@ def event_frame(*, v: Any = 1, kind: Any = "event", pub: Any = PID, name: Any = 
 
 def hello_frame(*, seqs: Any = None, reason: Any = "welcome", max_idle: Any = 5.0, host: Any = "node-1",
                 pub: Any = PID, extra: tuple[tuple[Any, Any], ...] = (), drop: tuple[str, ...] = (),
-                kind: str = "hello") -> Raw:
+                kind: str = "hello", v: Any = 1) -> Raw:
     sent_at = 1700000002.0 if kind == "bye" else 1700000001.0
-    fields = [("v", 1), ("kind", kind), ("pub", pub), ("name", "api-0"), ("sent_at", f64(sent_at)),
+    fields = [("v", v), ("kind", kind), ("pub", pub), ("name", "api-0"), ("sent_at", f64(sent_at)),
               ("seqs", fmap(("port", 8)) if seqs is None else seqs), ("reason", reason),
               ("max_idle", f64(max_idle) if type(max_idle) is float else max_idle), ("host", host)]
     if kind == "bye":
@@ -104,6 +104,11 @@ def bye_json(seqs: dict[str, Any] | None = None) -> dict[str, Any]:
             "seqs": {"port": 8} if seqs is None else seqs}
 
 
+def packed(value: bytes) -> bytes:
+    """A value as schema 2 carries it: its msgpack bytes in a bin (plain bytes pack as bin)."""
+    return bytes(value)
+
+
 def nested(depth: int) -> Raw:
     """A value of ``depth`` arrays, one in the other, around nil."""
     return Raw(b"\x91" * depth + b"\xc0")
@@ -133,6 +138,7 @@ def vectors() -> list[dict[str, Any]]:
     example = event_frame(events=farr(E1, E2))
     too_deep_ok = event_frame(events=farr(ev(value=nested(1021))))
     too_deep = event_frame(events=farr(ev(value=nested(1022))))
+    example2 = event_frame(v=2, events=farr(ev(value=packed(fmap(("mac", "fa:16:3e:00:00:01"), ("up", True)))), E2))
     v = [
         # --- valid frames -------------------------------------------------------------------------
         ok("example_event", example, batch_json(events=[e1, e2]), "the worked example of §5.1"),
@@ -212,6 +218,38 @@ def vectors() -> list[dict[str, Any]]:
            batch_json(events=[event_json(value={"a": 3, "b": 2})]),
            "a key repeated inside a value: the last occurrence counts, as for envelope keys (§4.1)"),
         ok("exactly_the_limit", example, batch_json(events=[e1, e2]), max_message_bytes=len(example)),
+        # --- schema 2: values as their msgpack bytes (§4.6) -----------------------------------------
+        ok("schema2_example", example2, batch_json(events=[e1, e2]),
+           "the worked example of §5.1 in schema 2: the value's map in a bin"),
+        ok("schema2_delete_value_is_dropped",
+           event_frame(v=2, events=farr(ev(action="delete", value=packed(fmap(("stale", 1)))))),
+           batch_json(events=[event_json(action="delete", value=None)]), "a delete delivers nil, bin or not"),
+        ok("schema2_value_keys_of_any_scalar_type",
+           event_frame(v=2, events=farr(ev(value=packed(fmap((7, "a"), (None, "c"), (Raw(b"\xc4\x01k"), "e")))))),
+           batch_json(events=[event_json(value={"$map": [[7, "a"], [None, "c"], [{"$bin": "6b"}, "e"]]})])),
+        ok("schema2_value_repeated_key_last_wins",
+           event_frame(v=2, events=farr(ev(value=packed(fmap(("a", 1), ("b", 2), ("a", 3)))))),
+           batch_json(events=[event_json(value={"a": 3, "b": 2})]),
+           "proved at first decode, taken as schema 1 takes it: the last occurrence counts"),
+        ok("schema2_value_depth_1021", event_frame(v=2, events=farr(ev(value=packed(b"\x81\xc0" + nested(1020))))),
+           batch_json(events=[event_json(value={"$map": [[None, nested_json(1020)]]})]),
+           "a map and 1020 arrays in it: 1021 containers, the most a value may nest (as in schema 1)"),
+        ok("schema2_bad_utf8_at_first_decode",
+           event_frame(v=2, events=farr(ev(value=packed(Raw(b"\x81\xa1a\xa1\xff"))),
+                                        ev(key="p2", value=packed(fmap(("n", 1)))))),
+           batch_json(events=[event_json(value={"$bad_value": True}), event_json(key="p2", value={"n": 1})]),
+           "the structure is sound, the content is not: delivered without it, counted, its key repaired (§6.4)"),
+        ok("schema2_array_key_at_first_decode",
+           event_frame(v=2, events=farr(ev(value=packed(fmap((farr(1), 1)))))),
+           batch_json(events=[event_json(value={"$bad_value": True})]), "a container as a map key (§6.4)"),
+        ok("schema2_reserved_extension_at_first_decode",
+           event_frame(v=2, events=farr(ev(value=packed(fmap(("x", Raw(b"\xd4\xfe\x01"))))))),
+           batch_json(events=[event_json(value={"$bad_value": True})]), "types -128..-2 (§6.4)"),
+        ok("schema2_bad_timestamp_at_first_decode",
+           event_frame(v=2, events=farr(ev(value=packed(fmap(("t", Raw(b"\xd5\xff\x00\x01"))))))),
+           batch_json(events=[event_json(value={"$bad_value": True})]), "a timestamp of 2 bytes (§6.4)"),
+        ok("schema2_hello", hello_frame(v=2), hello_json(), "a hello or bye at v 2 means what it does at v 1"),
+        ok("schema2_bye", hello_frame(v=2, kind="bye", seqs=fmap(("port", 8))), bye_json()),
         # --- rejected before any state changes (stage "header") -------------------------------------
         bad("oversize", example, "oversize", "header", "one byte over the limit", max_message_bytes=len(example) - 1),
         bad("oversize_before_parsing", Raw(b"\xc1" * 9), "oversize", "header", max_message_bytes=8),
@@ -242,14 +280,17 @@ def vectors() -> list[dict[str, Any]]:
             "not_msgpack", "header"),
         bad("top_level_not_a_map", farr("v", 1), "malformed", "header"),
         bad("trailing_bytes", Raw(example + b"\xc0"), "malformed", "header"),
-        bad("trailing_before_version", Raw(event_frame(v=2) + b"\x00"), "malformed", "header",
+        bad("trailing_before_version", Raw(event_frame(v=3) + b"\x00"), "malformed", "header",
             "trailing bytes are found before the version is read"),
         bad("array_key_in_envelope", event_frame(extra=((farr(1), 1),)), "not_msgpack", "header"),
         bad("reserved_extension_in_unknown_key", hello_frame(extra=(("x", Raw(b"\xd4\xfe\x01")),)), "not_msgpack",
             "header"),
-        bad("version_2", event_frame(v=2), "schema_version", "header"),
-        bad("version_2_otherwise_empty", fmap(("v", 2)), "schema_version", "header",
+        bad("version_3", event_frame(v=3), "schema_version", "header"),
+        bad("version_3_otherwise_empty", fmap(("v", 3)), "schema_version", "header",
             "the version is checked before anything else of the map"),
+        bad("schema2_value_beyond_the_limit",
+            event_frame(v=2, events=farr(ev(value=packed(fmap(("x", "y" * 200)))))), "oversize", "header",
+            "a value travels inside its frame: max_message_bytes bounds it", max_message_bytes=200),
         bad("version_missing", event_frame(drop=("v",)), "malformed", "header"),
         bad("version_bool", event_frame(v=True), "malformed", "header"),
         bad("version_float", event_frame(v=1.0), "malformed", "header"),
@@ -306,6 +347,24 @@ def vectors() -> list[dict[str, Any]]:
         bad("reserved_extension_type", event_frame(events=farr(ev(value=Raw(b"\xd4\xfe\x01")))),
             "not_msgpack", "events", "types -128..-2 are reserved by msgpack"),
         bad("depth_1025", too_deep, "not_msgpack", "any", "one container too many; either stage may see it"),
+        bad("schema2_value_not_msgpack", event_frame(v=2, events=farr(ev(value=packed(Raw(b"\xc1"))))),
+            "not_msgpack", "events", "a value's bytes are checked with the events, not at the header"),
+        bad("schema2_value_truncated", event_frame(v=2, events=farr(ev(value=packed(Raw(b"\x82\xa1a\x01"))))),
+            "not_msgpack", "events", "a map of 2 that holds 1 entry"),
+        bad("schema2_value_trailing_bytes", event_frame(v=2, events=farr(ev(value=packed(Raw(b"\x80\x80"))))),
+            "not_msgpack", "events", "two objects: a value is exactly one"),
+        bad("schema2_value_empty", event_frame(v=2, events=farr(ev(value=packed(b"")))), "not_msgpack", "events"),
+        bad("schema2_value_too_deep", event_frame(v=2, events=farr(ev(value=packed(b"\x81\xc0" + nested(1021))))),
+            "not_msgpack", "events", "1022 containers: one more than a value may nest"),
+        bad("schema2_value_not_a_map", event_frame(v=2, events=farr(ev(value=packed(farr(1, 2))))), "malformed",
+            "events", "schema 2 carries maps"),
+        bad("schema2_value_not_a_bin", event_frame(v=2, events=farr(ev(value=fmap(("a", 1))))), "malformed",
+            "events", "the map itself where its bytes belong"),
+        bad("schema2_create_nil", event_frame(v=2, events=farr(ev(value=None))), "malformed", "events",
+            "a create or update carries a value"),
+        bad("schema2_not_msgpack_before_malformed",
+            event_frame(v=2, events=farr(ev(value=packed(farr(1))), ev(value=packed(Raw(b"\x81"))))),
+            "not_msgpack", "events", "the structure of every value is checked before any is found not a map"),
     ]
     return v
 
@@ -321,8 +380,9 @@ def scenarios() -> list[dict[str, Any]]:
     expectation lists the (pub, topic, seq) delivered, in order, and the resync requests as
     ``[topic, reason, pub, [first, last] or null]``, in order. Defaults of §7.2 apply.
     """
-    def port(seq: int, n: int = 1, **kw: Any) -> str:
-        return _frame("event", seq=seq, events=farr(*[ev(version=seq + i) for i in range(n)]), **kw)
+    def port(seq: int, n: int = 1, v: int = 1, **kw: Any) -> str:
+        value = packed(fmap(("n", 1))) if v == 2 else None
+        return _frame("event", seq=seq, v=v, events=farr(*[ev(version=seq + i, value=value) for i in range(n)]), **kw)
 
     bad_event = _frame("event", seq=3, events=farr(ev(), ev(version=-1)))
     held_limit = 2 * len(bytes.fromhex(port(3))) + 10  # room for two held envelopes, not three
@@ -333,9 +393,22 @@ def scenarios() -> list[dict[str, Any]]:
                    {"at": 2.0}],
          "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 5]],
          "resyncs": [["port", "bad_event", PID, [3, 4]]]},
+        {"name": "schema2_bad_value_is_repaired_without_a_gap",
+         "note": "seq 3's value passes the check at receipt and fails its first decode: 3 is consumed, not "
+                 "delivered, its topic resynced (bad_value, no range: no sequence was lost); 4 follows",
+         "steps": [{"at": 0.0, "hex": port(1, 2, v=2)},
+                   {"at": 0.1, "hex": _frame("event", v=2, seq=3, events=farr(
+                       ev(value=packed(Raw(b"\x81\xa1a\xa1\xff"))), ev(key="p2", value=packed(fmap(("n", 1))))))},
+                   {"at": 0.2, "hex": port(5, v=2)}, {"at": 2.0}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 4], [PID, "port", 5]],
+         "resyncs": [["port", "bad_value", PID, None]]},
+        {"name": "mixed_schemas_in_one_stream",
+         "note": "a publisher may change schema between envelopes (a restart keeps no stream): sequences decide",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(2, v=2)}, {"at": 0.2, "hex": port(3)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 3]], "resyncs": []},
         {"name": "bad_header_is_a_gap",
          "note": "stage 1 rejects the frame: nothing changes; seq 5 opens a gap that expires after W",
-         "steps": [{"at": 0.0, "hex": port(1, 2)}, {"at": 0.1, "hex": _frame("event", seq=3, v=2)},
+         "steps": [{"at": 0.0, "hex": port(1, 2)}, {"at": 0.1, "hex": _frame("event", seq=3, v=3)},
                    {"at": 0.2, "hex": port(5)}, {"at": 0.69}, {"at": 0.71}],
          "delivered": [[PID, "port", 1], [PID, "port", 2], [PID, "port", 5]],
          "resyncs": [["port", "gap_expired", PID, [3, 4]]]},
@@ -481,19 +554,21 @@ FORMAT = {
     "values": "JSON where JSON can say it; a map with a key that is not a str is {\"$map\": [[key, value], ...]}, "
               "bin is {\"$bin\": hex}, an extension {\"$ext\": [type, hex]}, a timestamp "
               "{\"$timestamp\": [seconds, nanoseconds]}, and {\"$arrays\": n} n arrays nested around nil; "
-              "integers may exceed 2^53",
+              "integers may exceed 2^53; in schema 2, a value is given decoded, and {\"$bad_value\": true} says that "
+              "its bytes pass the check at receipt but fail their first decode (§6.4)",
     "stage": "header: the frame is dropped and changes no state; events: the header is taken (its sequences "
              "are consumed) and the envelope's range resynced with reason bad_event; any: either",
     "scenarios": "subscriber of topics, the settings of 'subscriber' (§8.2) with a scenario's own 'settings' over "
                  "them; steps at local times in seconds: with hex, the frame arrives; without, time passes (gaps "
                  "and dead publishers are checked at each step, after the step's frame). Compare delivered (pub, "
-                 "topic, seq) and resyncs [topic, reason, pub, missing] in order",
+                 "topic, seq) and resyncs [topic, reason, pub, missing] in order; the subscriber decodes every schema 2 "
+                 "value before delivery (§6.4)",
 }
 
 
 def document() -> dict[str, Any]:
     return {
-        "protocol": "dfpubsub wire protocol, schema version 1 (docs/protocol.md)",
+        "protocol": "dfpubsub wire protocol, schema versions 1 and 2 (docs/protocol.md)",
         "format": FORMAT,
         "max_message_bytes": LIMIT,
         "subscriber": {"topics": ["port", "net"], "message_delay_window": 0.5, "max_held": 1024,

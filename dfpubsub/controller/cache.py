@@ -18,6 +18,15 @@ does not decode it. Table and topic names are interned (one string per name,
 not one per object); tombstones are dicts per table of key -> version, in
 generations purged whole, so purging costs nothing per tombstone.
 
+Values that arrive packed (wire schema 2: ``Event.packed``, the store's own
+bytes) are kept as they came, and decoded only where something needs the
+value: a transform, an index (``decoded_tables``: decoded as applied, once,
+into the decoded window) or a read. A value that passed the check at receipt
+but does not decode (docs/protocol.md §6.4) is never handed on: at apply it is
+not applied, at a read its key is evicted and :class:`~dfpubsub.errors.BadValue`
+raised; either way ``on_bad_value`` is told, to count it and repair the key
+from the store.
+
 A per-table **transform** (client-go's ``SetTransform``) maps each value
 before it is cached, so a controller keeps only the fields it needs; versions,
 not values, decide what is newer, so a transform never makes a resync see a
@@ -36,9 +45,11 @@ from typing import Any, NamedTuple, cast
 
 import msgpack
 
+from ..codec import unpack_value
+from ..errors import BadValue
 from ..events import Action, Event, VersionedObject
 from ..logs import RateLimitedLog
-from ..store.api import PackedTable, decode_value
+from ..store.api import PackedTable
 from .graves import Graves
 
 __all__ = ["VersionedCache", "Change", "TableUsage", "Transform", "DEFAULT_DECODED"]
@@ -51,11 +62,14 @@ _DELETE = Action.DELETE
 _CREATE = Action.CREATE
 _UPDATE = Action.UPDATE
 _new = tuple.__new__
-#: The value of packed bytes, as the store decodes them.
-_unpack = decode_value
+#: The value of packed bytes: those of a store's listing were proved by the store; those that came
+#: over the wire are proved here, at their first decode (BadValue).
+_unpack = unpack_value
 
 #: A value -> what the cache keeps of it (the same value, or a smaller one).
 Transform = Callable[[Any], Any]
+#: Told of a packed value that does not decode: (topic, table, key, the error).
+BadValueHandler = Callable[[str, str, str, BadValue], None]
 #: Objects kept decoded besides their packed form: the last ones written.
 DEFAULT_DECODED = 4096
 
@@ -98,10 +112,13 @@ class VersionedCache:
 
     ``transforms`` maps a table to a :data:`Transform` applied to every value before it is
     cached; ``decoded`` is how many of the last objects written are also kept decoded.
+    ``decoded_tables``: tables whose packed values are decoded as they are applied (their
+    indexes read each one); ``on_bad_value`` is told of every packed value that does not decode.
     """
 
     def __init__(self, tombstone_horizon: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
-                 transforms: Mapping[str, Transform] | None = None, decoded: int = DEFAULT_DECODED):
+                 transforms: Mapping[str, Transform] | None = None, decoded: int = DEFAULT_DECODED,
+                 decoded_tables: Iterable[str] = (), on_bad_value: BadValueHandler | None = None):
         self.tombstone_horizon = tombstone_horizon
         self._clock = clock
         self._lock = threading.Lock()
@@ -112,6 +129,11 @@ class VersionedCache:
         self._names: dict[str, str] = {}  # one string per table and topic name
         self._graves = Graves(tombstone_horizon)
         self._transforms = dict(transforms or {})
+        #: Tables whose packed values are decoded at apply: the transformed ones and ``decoded_tables``.
+        self._eager = frozenset(decoded_tables) | self._transforms.keys()
+        self.on_bad_value = on_bad_value
+        #: Packed values that did not decode.
+        self.bad_values = 0
         self._decoded_max = max(0, decoded)
         # Read without the lock (OrderedDict.get is one C call); written under it, always after
         # the record it mirrors, so a reader sees the old object or the new one.
@@ -148,16 +170,25 @@ class VersionedCache:
                 self._graves.add(table, key, version, self._clock())
             else:
                 # _put_locked, inlined: the dispatch thread's hot path.
+                value, blob = event.value, event.packed
+                if blob is not None and value is None and table in self._eager:
+                    try:
+                        value = unpack_value(blob)
+                    except BadValue as exc:  # not applied: the store's value replaces it
+                        self._bad_locked(event.topic, table, key, exc)
+                        return False
                 if self._graves.gens:
                     self._graves.discard(table, key)
-                value = event.value
                 if self._transforms:
                     transform = self._transforms.get(table)
                     if transform is not None:
-                        value = self._transformed(transform, table, key, value)
+                        kept = self._transformed(transform, table, key, value)
+                        if kept is not value:
+                            value, blob = kept, None
                 topic = event.topic
                 topic = self._names.get(topic) or self._name(topic)
-                blob = self._pack(value)
+                if blob is None:
+                    blob = self._pack(value)
                 if rows is None:
                     rows = self._tables[self._name(table)] = {}
                     self._bytes[table] = 0
@@ -167,9 +198,10 @@ class VersionedCache:
                     decoded = self._decoded
                     if ident in decoded:
                         del decoded[ident]
-                    decoded[ident] = _new(VersionedObject, (topic, table, key, version, value))
-                    if len(decoded) > self._decoded_max:
-                        decoded.popitem(last=False)
+                    if value is not None or event.packed is None:  # packed, not decoded: decoded on read
+                        decoded[ident] = _new(VersionedObject, (topic, table, key, version, value))
+                        if len(decoded) > self._decoded_max:
+                            decoded.popitem(last=False)
             if self._recent is not None:
                 self._recent.add(ident)
             if self._touched is not None:
@@ -508,10 +540,19 @@ class VersionedCache:
                     else:
                         value = event.value
                         transform = self._transforms.get(event.table) if self._transforms else None
-                        if transform is not None:
-                            value = self._transformed(transform, event.table, event.key, value)
-                        if self._pack(value) != held[2]:
-                            continue
+                        if transform is None and event.packed is not None:
+                            if event.packed != held[2]:
+                                continue
+                        else:
+                            if value is None and event.packed is not None:
+                                try:
+                                    value = _unpack(event.packed)
+                                except BadValue:
+                                    continue
+                            if transform is not None:
+                                value = self._transformed(transform, event.table, event.key, value)
+                            if self._pack(value) != held[2]:
+                                continue
                 if touched is not None:
                     touched.discard(ident)
                 out.append(ident)
@@ -536,7 +577,12 @@ class VersionedCache:
         held = rows.get(ident[1])
         if held is None:
             return None
-        return _new(VersionedObject, (held[1], ident[0], ident[1], held[0], _unpack(held[2])))
+        try:
+            value = _unpack(held[2])
+        except ValueError as exc:  # only bytes that came packed over the wire can fail (BadValue)
+            self._evict_bad(ident[0], ident[1], held, exc)
+            raise
+        return _new(VersionedObject, (held[1], ident[0], ident[1], held[0], value))
 
     def lookup(self) -> Callable[[tuple[str, str]], VersionedObject | None]:
         """A lock-free reader of live objects by ``(table, key)``, valid for the cache's life: for a
@@ -566,7 +612,13 @@ class VersionedCache:
         with self._lock:
             held = [(t, k, h) for t, rows in self._tables.items() if table is None or t == table
                     for k, h in rows.items() if topic is None or h[1] == topic]
-        return [_new(VersionedObject, (h[1], t, k, h[0], _unpack(h[2]))) for t, k, h in held]
+        out = []
+        for t, k, h in held:
+            try:
+                out.append(_new(VersionedObject, (h[1], t, k, h[0], _unpack(h[2]))))
+            except BadValue as exc:  # left out, evicted and repaired
+                self._evict_bad(t, k, h, exc)
+        return out
 
     def keys(self, table: str | None = None) -> list[tuple[str, str]]:
         """The (table, key) of every live object, optionally of one table, without decoding any."""
@@ -655,7 +707,29 @@ class VersionedCache:
         self._decoded.pop((table, key), None)
 
     def _object(self, table: str, key: str, held: _Record) -> VersionedObject:
+        """The object ``held`` is, as a repair's change names what it replaced (under the lock)."""
         obj = self._decoded.get((table, key))
         if obj is not None and obj[3] == held[0]:
             return obj
-        return _new(VersionedObject, (held[1], table, key, held[0], _unpack(held[2])))
+        try:
+            value = _unpack(held[2])
+        except BadValue as exc:  # being replaced or deleted now: what it was is not known
+            self._bad_locked(held[1], table, key, exc)
+            value = None
+        return _new(VersionedObject, (held[1], table, key, held[0], value))
+
+    def _bad_locked(self, topic: str, table: str, key: str, exc: BadValue) -> None:
+        self.bad_values += 1
+        if self._touched is not None:  # the next replay reads the object, wherever its position is
+            self._touched.add((table, key))
+        if self.on_bad_value is not None:
+            self.on_bad_value(topic, table, key, exc)
+
+    def _evict_bad(self, table: str, key: str, held: _Record, exc: Exception) -> None:
+        """A packed value read does not decode: drop it (no tombstone: the store's version, whatever
+        it is, must replace it) unless something replaced it meanwhile, and say so."""
+        with self._lock:
+            rows = self._tables.get(table)
+            if rows is not None and rows.get(key) is held:
+                self._drop_locked(rows, table, key, held)
+            self._bad_locked(held[1], table, key, cast(BadValue, exc))

@@ -32,12 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ..config import ControllerSettings
 from ..console import stop_on_signals
-from ..errors import HistoryGone
+from ..errors import BadValue, HistoryGone
 from ..events import Action, Bookmark, Event, VersionedObject
 from ..logs import RateLimitedLog
 from ..metrics import Stats
@@ -204,7 +204,9 @@ class Controller:
         self.handlers = dict(handlers or {})
         self.reconcilers: dict[str, Reconciler] = {t: HandlerReconciler(h) for t, h in self.handlers.items()}
         self.reconcilers.update(reconcilers or {})
-        self.cache = VersionedCache(tombstone_horizon, transforms=transforms, decoded=rt.decoded_cache)
+        # Values come packed (wire schema 2) and stay so; indexed tables' are decoded as applied.
+        self.cache = VersionedCache(tombstone_horizon, transforms=transforms, decoded=rt.decoded_cache,
+                                    decoded_tables=(indexers or {}).keys())
         self.indexers = {t: Indexer(t, funcs) for t, funcs in (indexers or {}).items()}
         self.stats = stats = Stats("controller", name)
         self.queue: WorkQueue[_Ident] = WorkQueue(
@@ -244,10 +246,12 @@ class Controller:
         #: With a ``state_dir``: warm restarts from a snapshot there (:mod:`.snapshot`).
         self.snapshots = Snapshots(self, state_dir, rt.snapshot_interval, transforms or {}) if state_dir else None
         self.subscriber = Subscriber(
-            transport, topics, None, self._on_resync, options, name, on_gap, stats, on_events=self._on_events,
+            transport, topics, None, self._on_resync, replace(options or SubscriberOptions(), packed_values=True),
+            name, on_gap, stats, on_events=self._on_events,
             on_bookmark=self._on_bookmark if feeds is not None else None,
             on_passed=self._on_passed if feeds is not None else None,
         )
+        self.cache.on_bad_value = self.subscriber.bad_value
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -358,13 +362,17 @@ class Controller:
             for event in events:
                 table = event.table
                 if event.action is _DELETE:
-                    previous = get(table, event.key)
+                    evicted = False
+                    try:
+                        previous = get(table, event.key)
+                    except BadValue:  # evicted (and repaired): its reconciler still hears of the delete
+                        previous, evicted = None, True
                     ok = apply(event)
                     if took is not None:
                         took.append(ok)
                     if not ok:
                         stale += 1
-                    elif previous is not None:
+                    elif previous is not None or evicted:
                         self._changed(table, event.key, None, previous, indexers.get(table), pending)
                     continue
                 ok = apply(event)
@@ -607,9 +615,9 @@ class Controller:
                     break
                 taken.append(ident)
                 start(ident)  # changes made while it waited in the batch are read now: no extra run
-                obj = lookup(ident)
-                last = gone.get(ident) if obj is None else None
                 try:
+                    obj = lookup(ident)  # BadValue: evicted and repaired; retried with backoff
+                    last = gone.get(ident) if obj is None else None
                     # tuple.__new__: the named tuple's own __new__ is a Python lambda, a cost per key.
                     result: Result | None = reconcilers[ident[0]].reconcile(_new(ObjectKey, ident), obj)
                     if result is None or not (result.requeue or result.requeue_after > 0):

@@ -91,10 +91,11 @@ def _topic_of(kvs: Any, table: str) -> str:
     return table if topic is None else topic
 
 
-def _object(topic_kvs: Any, table: str, key: str, kv: Any) -> VersionedObject | None:
-    """The object of a value key ``kv`` and its topic key's read, or None (skipped) if its value is foreign."""
+def _object(topic_kvs: Any, table: str, key: str, kv: Any, decode: bool = True) -> VersionedObject | None:
+    """The object of a value key ``kv`` and its topic key's read, or None (skipped) if its value is
+    foreign (``decode=False``: the value not decoded, so not looked at, and None)."""
     try:
-        value = decode_value(kv.value)
+        value = decode_value(kv.value) if decode else None
     except foreign.DECODE_ERRORS as exc:
         foreign.skip_error("store_object", kv.key, exc)
         return None
@@ -355,16 +356,27 @@ class EtcdStore(Store):
         return [(topic, tbl, key, kv.mod_revision) for topic, tbl, key, kv in listed], revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        return self._many(refs, None)
+
+    def _get_many_packed(self, refs: list[tuple[str, str]]) -> tuple[list[VersionedObject], list[bytes]]:
+        blobs: list[bytes] = []
+        return self._many(refs, blobs), blobs
+
+    def _many(self, refs: list[tuple[str, str]], blobs: list[bytes] | None) -> list[VersionedObject]:
+        """The objects of ``refs``; with ``blobs``, undecoded, their values' bytes appended to it."""
         out: list[VersionedObject] = []
+        decode = blobs is None
         for start in range(0, len(refs), _TXN_OBJECTS):
             chunk = refs[start:start + _TXN_OBJECTS]
             reads = [rpc.RangeRequest(key=path) for table, key in chunk for path in self._paths(table, key)]
             responses = self._commit(txn([], reads)).responses
             for i, (table, key) in enumerate(chunk):
                 kvs = responses[2 * i].response_range.kvs
-                obj = _object(responses[2 * i + 1].response_range.kvs, table, key, kvs[0]) if kvs else None
+                obj = _object(responses[2 * i + 1].response_range.kvs, table, key, kvs[0], decode) if kvs else None
                 if obj is not None:
                     out.append(obj)
+                    if blobs is not None:
+                        blobs.append(kvs[0].value)
         return out
 
     # No outbox reaches these: no queue backend shares an etcd store's location (it has none).

@@ -253,19 +253,20 @@ def _with_feed(script: str) -> str:
 _WRITES = {"create": (_CREATE, 3, 3, "ARGV[3]"), "update": (_UPDATE, 2, 3, "ARGV[2]"), "delete": (_DELETE, 3, 2, "nil")}
 
 
-def _decode_object(row: list[Any], table: str, key: str | bytes) -> VersionedObject:
+def _decode_object(row: list[Any], table: str, key: str | bytes, decode: bool = True) -> VersionedObject:
     topic, version, blob = row
     if topic is None:
         raise TypeError("the object's key is not a hash")
     if blob is None:
         raise KeyError("the object's hash has no value field")
     name = key if isinstance(key, str) else key.decode()
-    return VersionedObject(topic.decode(), table, name, _version(version), decode_value(blob))
+    return VersionedObject(topic.decode(), table, name, _version(version), decode_value(blob) if decode else None)
 
 
-def _object(row: list[Any], table: str, key: str | bytes, name: object) -> VersionedObject | None:
-    """The object of a fetch reply's (topic, version, value), or None (skipped) if it is foreign."""
-    return foreign.decode("store_object", name, _decode_object, row, table, key)
+def _object(row: list[Any], table: str, key: str | bytes, name: object, decode: bool = True) -> VersionedObject | None:
+    """The object of a fetch reply's (topic, version, value), or None (skipped) if it is foreign
+    (``decode=False``: its value not decoded, so not looked at)."""
+    return foreign.decode("store_object", name, _decode_object, row, table, key, decode)
 
 
 def _version_row(row: list[Any], table: str, key: bytes) -> tuple[str, str, str, int]:
@@ -544,8 +545,17 @@ class RedisStore(Store):
         return out, revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        return self._many(refs, None)
+
+    def _get_many_packed(self, refs: list[tuple[str, str]]) -> tuple[list[VersionedObject], list[bytes]]:
+        blobs: list[bytes] = []
+        return self._many(refs, blobs), blobs
+
+    def _many(self, refs: list[tuple[str, str]], blobs: list[bytes] | None) -> list[VersionedObject]:
+        """The objects of ``refs``; with ``blobs``, undecoded, their values' bytes appended to it."""
         c = self._connect()
         out: list[VersionedObject] = []
+        decode = blobs is None
         for start in range(0, len(refs), _CHUNK):
             chunk = refs[start:start + _CHUNK]
             names = [self._obj(t, k) for t, k in chunk]
@@ -553,9 +563,11 @@ class RedisStore(Store):
                 rows = c.fetch(keys=names, args=[])
             for i in range(0, len(rows), 4):
                 table, key = chunk[rows[i] - 1]
-                obj = _object(rows[i + 1:i + 4], table, key, names[rows[i] - 1])
+                obj = _object(rows[i + 1:i + 4], table, key, names[rows[i] - 1], decode)
                 if obj is not None:
                     out.append(obj)
+                    if blobs is not None:
+                        blobs.append(rows[i + 3])
         return out
 
     # -- writes ----------------------------------------------------------------------

@@ -150,9 +150,10 @@ def _marks(n: int) -> str:
 
 
 def _objects(rows: list[tuple[Any, ...]], table: str, blobs: list[bytes] | None = None,
-             values: bool = True) -> list[VersionedObject]:
+             values: bool = True, decode: bool = True) -> list[VersionedObject]:
     """The objects of ``table`` from its (topic or NULL, key, version, value) rows, foreign rows skipped;
-    with ``blobs``, their values' bytes appended to it in step (``values=False``: values checked, not kept)."""
+    with ``blobs``, their values' bytes appended to it in step (``values=False``: values checked, not kept;
+    ``decode=False``: values not even decoded, their bytes for the caller to prove)."""
     # A resync's hot loop, a million rows and more: the type checks and decode_value are
     # inlined (a Python call per row cost a fifth of the loop), and tuple.__new__ skips the
     # named tuple's Python-level __new__.
@@ -166,7 +167,7 @@ def _objects(rows: list[tuple[Any, ...]], table: str, blobs: list[bytes] | None 
             if (topic.__class__ is not str or key.__class__ is not str or version.__class__ is not int
                     or blob.__class__ is not bytes):
                 raise TypeError("a column has the wrong type")
-            value = unpackb(blob, raw=False, strict_map_key=False)
+            value = unpackb(blob, raw=False, strict_map_key=False) if decode else None
             add(new(VersionedObject, (topic, table, key, version, value if values else None)))
             if blobs is not None:
                 blobs.append(blob)
@@ -337,6 +338,14 @@ class SqliteStore(Store):
         return out, revision
 
     def _get_many(self, refs: list[tuple[str, str]]) -> list[VersionedObject]:
+        return self._many(refs, None)
+
+    def _get_many_packed(self, refs: list[tuple[str, str]]) -> tuple[list[VersionedObject], list[bytes]]:
+        blobs: list[bytes] = []
+        return self._many(refs, blobs), blobs
+
+    def _many(self, refs: list[tuple[str, str]], blobs: list[bytes] | None) -> list[VersionedObject]:
+        """The objects of ``refs``; with ``blobs``, undecoded, their values' bytes appended to it."""
         by_table: dict[str, list[str]] = {}
         for table, key in refs:
             by_table.setdefault(table, []).append(key)
@@ -345,7 +354,7 @@ class SqliteStore(Store):
             for start in range(0, len(keys), _MANY):
                 chunk = keys[start:start + _MANY]
                 out.extend(_objects(self._read(f"{_SELECT} AND key IN ({_marks(len(chunk))})", (table, *chunk)),
-                                    table))
+                                    table, blobs, blobs is None, blobs is None))
         return out
 
     @staticmethod

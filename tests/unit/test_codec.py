@@ -67,7 +67,7 @@ def envelope(**over):
 @pytest.mark.parametrize(
     "data,reason",
     [
-        (envelope(v=2), "schema_version"),
+        (envelope(v=3), "schema_version"),
         (envelope(v=...), "malformed"),
         (envelope(kind="nope"), "malformed"),
         (envelope(seq=0), "malformed"),

@@ -22,8 +22,8 @@ import pytest
 from dfpubsub.tools.protocol_vectors import render
 
 from dfpubsub import Subscriber, SubscriberOptions, codec, load_driver
-from dfpubsub.codec import decode, decode_events, decode_header
-from dfpubsub.errors import DecodeError
+from dfpubsub.codec import decode, decode_events, decode_header, unpack_value
+from dfpubsub.errors import BadValue, DecodeError
 from dfpubsub.events import CONTROL_TOPIC, Bye, EventBatch, Hello
 from dfpubsub.metrics import Stats
 from dfpubsub.tracker import SequenceTracker, TrackerLimits
@@ -57,7 +57,11 @@ def test_names_are_unique_and_every_outcome_is_covered():
     # Every reason of §8.8 a frame can cause ("subscribed" is the application's doing).
     reasons = {r[1] for sc in DOC["scenarios"] for r in sc["resyncs"]}
     assert reasons == {"first_seen", "gap_expired", "hold_overflow", "bad_event", "publisher_lost", "late",
-                       "seq_jump", "publisher_silent", "publisher_evicted"}
+                       "seq_jump", "publisher_silent", "publisher_evicted", "bad_value"}
+    # Schema 2: each way a value is refused at receipt, and each a first decode proves.
+    schema2 = {v["name"]: v["expect"] for v in DOC["vectors"] if v["name"].startswith("schema2_")}
+    assert {e.get("error") for e in schema2.values()} >= {"not_msgpack", "malformed", "oversize"}
+    assert sum("$bad_value" in json.dumps(e) for e in schema2.values()) >= 4
 
 
 def norm(value: Any) -> Any:
@@ -82,12 +86,23 @@ def norm(value: Any) -> Any:
     return value
 
 
+def value_json(event: Any) -> Any:
+    """An event's value as the vectors give it: a schema 2 value decoded, or ``$bad_value``."""
+    if event.packed is None:
+        return norm(event.value)
+    assert event.value is None  # decoded only where something needs it
+    try:
+        return norm(unpack_value(event.packed))
+    except BadValue:
+        return {"$bad_value": True}
+
+
 def envelope_json(env: Any, events: list | None = None) -> dict[str, Any]:
     common = {"pub": env.publisher_id, "name": env.publisher_name, "sent_at": env.sent_at}
     if type(env) is EventBatch:
         return {"kind": "event", **common, "topic": env.topic, "seq": env.seq, "events": [
             {"table": e.table, "key": e.key, "action": e.action.value, "version": e.version,
-             "value": norm(e.value), "timestamp": e.timestamp} for e in (events if events is not None else env.events)
+             "value": value_json(e), "timestamp": e.timestamp} for e in (events if events is not None else env.events)
         ]}
     if type(env) is Hello:
         return {"kind": "hello", **common, "seqs": env.seqs, "reason": env.reason, "max_idle": env.max_idle_time,
@@ -165,7 +180,14 @@ def run_scenario(sc: dict[str, Any]) -> tuple[list, list]:
             except DecodeError:
                 resyncs.append([batch.topic, "bad_event", batch.publisher_id, [batch.seq, batch.last_seq]])
                 continue
-            delivered.extend([e.publisher_id, e.topic, e.seq] for e in events)
+            for e in events:
+                if e.packed is not None:  # as the subscriber does before delivery (§6.4)
+                    try:
+                        unpack_value(e.packed)
+                    except BadValue:
+                        resyncs.append([e.topic, "bad_value", e.publisher_id, None])
+                        continue
+                delivered.append([e.publisher_id, e.topic, e.seq])
 
     for step in sc["steps"]:
         now = step["at"]
@@ -195,7 +217,8 @@ def test_scenario(sc):
 @pytest.mark.parametrize("name", ["bad_event_is_repaired_at_once_without_a_gap", "split_hello_at_first_contact",
                                   "foreign_topic_changes_nothing", "duplicates_and_reorder_within_the_window",
                                   "first_seen_mid_stream", "below_a_first_contact_is_a_duplicate",
-                                  "a_forged_first_contact_far_ahead_restarts_at_the_real_stream"])
+                                  "a_forged_first_contact_far_ahead_restarts_at_the_real_stream",
+                                  "schema2_bad_value_is_repaired_without_a_gap", "mixed_schemas_in_one_stream"])
 def test_the_subscriber_does_what_the_scenario_says(name):
     """The real Subscriber (threads, stage 2 at delivery) on the in-process bus, frames sent as they are."""
     sc = next(s for s in DOC["scenarios"] if s["name"] == name)

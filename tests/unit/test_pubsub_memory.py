@@ -602,3 +602,24 @@ def test_a_batch_handler_gets_each_envelope_at_once_and_a_failure_resyncs_its_to
     assert resyncs[1] == {"a"} and sub.stats.get("handler_errors") == 1
     pub.close()
     sub.close()
+
+
+def test_a_burst_leaves_in_full_batches_and_is_flushed_at_its_end(driver):
+    """Publisher.burst (df-feed's pages): no event leaves alone, not even the first of a quiet spell."""
+    envelopes = []
+    sub = Subscriber(driver.subscriber(Stats("t", "t")), ["a", "b"], None,
+                     options=SubscriberOptions(initial_sync=False), on_events=lambda evs: envelopes.append(len(evs)))
+    sub.start()
+    pub = publisher(driver, batch_linger=10.0, batch_pause=0)  # nothing but the burst's end sends a partial one
+    try:
+        with pub.burst():
+            for i in range(300):
+                pub.publish("ab"[i % 2], "tbl", f"k{i}", "create", i + 1)
+        wait_for(lambda: sum(envelopes) == 300, what="every event, flushed by the burst's end")
+        # 150 a topic: one full batch of 128 and the rest at the end, per topic.
+        assert sorted(envelopes) == [22, 22, 128, 128] and pub.stats.get("envelopes_out") == 4
+        pub.publish("a", "tbl", "alone", "create", 1)  # outside a burst, light traffic leaves at once
+        wait_for(lambda: len(envelopes) == 5, what="the light event")
+    finally:
+        pub.close()
+        sub.close()

@@ -13,6 +13,8 @@ JetStream publishing, one message per event, pipelined (``publish_async``, up to
 Last line: ``{"bench": "drivers_e2e", "redis_events_per_s": N, "redis_ratio": R,
 "redis_p99_ms": X, "etcd_events_per_s": N, "etcd_ratio": R, "etcd_p99_ms": X,
 "nats_events_per_s": N, "nats_ratio": R, "nats_p99_ms": X, "lost_undetected": 0}``.
+With ``--schema 2`` (or ``both``) the full stack also runs in wire schema 2 (the value's bytes,
+handed on packed: e2e.DriverSpec.schema) at the same half rate, as ``<driver>_schema2_*``.
 Targets (2 cores): Redis >= 50k events/s, etcd >= 20k, both >= 0.8 of their raw
 baseline; NATS >= 3x nats-py's one message per event (dfpubsub batches events
 into envelopes); zero undetected loss.
@@ -114,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds per phase (default 4)")
     parser.add_argument("--drivers", default="redis,etcd,nats")
+    parser.add_argument("--schema", choices=("1", "2", "both"), default="1",
+                        help="wire schema of the full stack; both: schema 1, then 2 (default 1)")
     args = parser.parse_args(argv)
+    schemas = (1, 2) if args.schema == "both" else (int(args.schema),)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["msgpack", "e2e"])
     result: dict[str, Any] = {"bench": "drivers_e2e"}
@@ -125,17 +130,21 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 raw = RAW[name](server.url, args.seconds)
                 print(f"[{name}] raw client: {raw:,.0f} events/s written", flush=True)
-                spec = DriverSpec(server.url, server.url, {"prefix": "bench"})
-                flat = run_phase(ctx, f"{name} throughput", args.seconds, 0, spec)
-                paced = run_phase(ctx, f"{name} latency", args.seconds, flat["rate"] / 2, spec)
+                half = 0.0
+                for schema in schemas:
+                    spec = DriverSpec(server.url, server.url, {"prefix": f"bench{schema}"}, schema=schema)
+                    flat = run_phase(ctx, f"{name} throughput schema {schema}", args.seconds, 0, spec)
+                    half = half or flat["rate"] / 2  # the first schema's half rate for both
+                    paced = run_phase(ctx, f"{name} latency schema {schema}", args.seconds, half, spec)
+                    lost += flat["lost_undetected"] + paced["lost_undetected"]
+                    tag = name if schema == schemas[0] else f"{name}_schema{schema}"
+                    result.update({
+                        f"{tag}_events_per_s": round(flat["rate"]), f"{name}_raw_events_per_s": round(raw),
+                        f"{tag}_ratio": round(flat["rate"] / raw, 2) if raw else 0.0,
+                        f"{tag}_p50_ms": round(paced["p50_ms"], 3), f"{tag}_p99_ms": round(paced["p99_ms"], 3),
+                    })
             finally:
                 server.kill()
-            lost += flat["lost_undetected"] + paced["lost_undetected"]
-            result.update({
-                f"{name}_events_per_s": round(flat["rate"]), f"{name}_raw_events_per_s": round(raw),
-                f"{name}_ratio": round(flat["rate"] / raw, 2) if raw else 0.0,
-                f"{name}_p50_ms": round(paced["p50_ms"], 3), f"{name}_p99_ms": round(paced["p99_ms"], 3),
-            })
     result["lost_undetected"] = lost
     print(json.dumps(result), flush=True)
     return 0 if lost == 0 else 1

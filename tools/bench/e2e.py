@@ -22,6 +22,7 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
+import msgpack
 from latency_parts import GcPauses, Stamps, describe, instrument, p50_p99, parts_ms
 
 from dfpubsub.codec import pack_event
@@ -78,21 +79,22 @@ def send_loop(burst: Callable[[int, int], None], seconds: float, rate: float) ->
 
 
 def warm_up(publish: Callable[..., int], warm: MpEvent,
-            flush: Callable[[], None] | None = None) -> Callable[[int, int], None]:
+            flush: Callable[[], None] | None = None, packed: bytes | None = None) -> Callable[[int, int], None]:
     """Publish warm-up events until the subscriber says one per topic got through (its
     subscription is live); return the ``burst`` that publishes the measured events, and ends
-    with ``flush()`` if one is given."""
+    with ``flush()`` if one is given. ``packed``: the value's bytes, handed over as a store's
+    are (wire schema 2)."""
     deadline = time.monotonic() + CONNECT_TIMEOUT
     while not warm.is_set():
         for topic in TOPICS:
-            publish(topic, WARM_TABLE, "warm", "update", 1, VALUE, timestamp=time.time())
+            publish(topic, WARM_TABLE, "warm", "update", 1, VALUE, time.time(), packed)
         if not warm.wait(0.05) and time.monotonic() > deadline:
             raise TimeoutError("no warm-up event reached the subscriber")
     now, n_topics = time.time, len(TOPICS)
 
     def burst(i: int, n: int) -> None:
         for j in range(i, i + n):
-            publish(TOPICS[j % n_topics], TABLE, KEYS[j & 1023], "update", j + 1, VALUE, timestamp=now())
+            publish(TOPICS[j % n_topics], TABLE, KEYS[j & 1023], "update", j + 1, VALUE, now(), packed)
         if flush is not None:
             flush()
 
@@ -142,14 +144,19 @@ class DriverSpec:
     options: dict[str, Any] = field(default_factory=dict)
     connect: bool = False
     flush_bursts: bool = False
+    #: Wire schema: 2 publishes the value's bytes (as df-feed hands over the store's) and the
+    #: subscriber hands them on packed (as a controller's does, for its cache).
+    schema: int = 1
 
 
 def pub_worker(conn: Connection, warm: MpEvent, seconds: float, rate: float, spec: DriverSpec) -> None:
     """Publisher process: start, wait until the subscriber is in, publish, close, report sequences."""
     stats = Stats("publisher", "bench-pub")
-    pub = Publisher(load_driver(spec.pub_url, spec.options).publisher(stats), "bench-pub", PublisherOptions(), stats)
+    pub = Publisher(load_driver(spec.pub_url, spec.options).publisher(stats), "bench-pub",
+                    PublisherOptions(schema=spec.schema), stats)
     conn.send(pub.transport.uri)
-    report = send_loop(warm_up(pub.publish, warm, pub.flush if spec.flush_bursts else None), seconds, rate)
+    packed = msgpack.packb(VALUE) if spec.schema == 2 else None
+    report = send_loop(warm_up(pub.publish, warm, pub.flush if spec.flush_bursts else None, packed), seconds, rate)
     pub.flush()
     pub.close()
     conn.send({**report, "id": pub.id, "seqs": pub.sequences(), "stats": stats.snapshot()})
@@ -263,7 +270,8 @@ def sub_worker(conn: Connection, warm: MpEvent, spec: DriverSpec) -> None:
     rec = Recorder(warm)
     stats = Stats("subscriber", "bench-sub")
     transport = load_driver(spec.sub_url, spec.options).subscriber(stats)
-    sub = Subscriber(transport, TOPICS, rec.on_event, rec.on_resync, SubscriberOptions(), "bench-sub",
+    options = SubscriberOptions(packed_values=spec.schema == 2)
+    sub = Subscriber(transport, TOPICS, rec.on_event, rec.on_resync, options, "bench-sub",
                      rec.requests.append, stats)
     rec.stamps = instrument(sub)
     gc.freeze()  # as df-controller does once started: what start-up made lives as long as the process

@@ -18,6 +18,9 @@ One publisher process publishes ~200-byte events on four topics flat out for
 * dfpubsub's undetected loss (events neither delivered nor reported as a gap;
   must be 0) and what it dropped and told (ZeroMQ's high-water marks).
 
+``--schema both`` runs each dfpubsub cell in wire schema 1 and again in schema 2 (the value's
+bytes, handed on packed), as ``<driver>_schema2_*``.
+
 Last line: one JSON object; ``<driver>_ratio_<n>`` is dfpubsub's median rate per
 subscriber over the raw client's, same run. Targets at 16 subscribers: ratio >=
 1.5 on every driver, and ZeroMQ >= 27k, Redis >= 23k, etcd >= 23k events/s per
@@ -43,14 +46,15 @@ from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
 from typing import Any
 
+import msgpack
 from drivers_e2e import SERVERS
-from e2e import CONNECT_TIMEOUT, HWM, TOPICS, DriverSpec, Recorder, recv_from, send_loop, stop_all, warm_up
+from e2e import CONNECT_TIMEOUT, HWM, TOPICS, VALUE, DriverSpec, Recorder, recv_from, send_loop, stop_all, warm_up
 from fanout_raw import CLIENTS
 
 from dfpubsub.events import Event
 from dfpubsub.metrics import Stats
 from dfpubsub.plugins import load_driver
-from dfpubsub.publisher import Publisher
+from dfpubsub.publisher import Publisher, PublisherOptions
 from dfpubsub.subscriber import Subscriber, SubscriberOptions
 from dfpubsub.testing.servers import ServerProcess
 
@@ -112,9 +116,11 @@ class _Fanned(Recorder):
 
 def df_pub(conn: Connection, ready: list[MpEvent], seconds: float, spec: DriverSpec) -> None:
     stats = Stats("publisher", "fanout-pub")
-    pub = Publisher(load_driver(spec.pub_url, spec.options).publisher(stats), "fanout-pub", None, stats)
+    pub = Publisher(load_driver(spec.pub_url, spec.options).publisher(stats), "fanout-pub",
+                    PublisherOptions(schema=spec.schema), stats)
     conn.send(pub.transport.uri)
-    burst = warm_up(pub.publish, _AllSet(ready))  # type: ignore[arg-type]
+    packed = msgpack.packb(VALUE) if spec.schema == 2 else None
+    burst = warm_up(pub.publish, _AllSet(ready), None, packed)  # type: ignore[arg-type]
     conn.send("go")
     report = send_loop(burst, seconds, 0)
     pub.flush()
@@ -130,7 +136,8 @@ def df_sub(conn: Connection, ready: MpEvent, index: int, spec: DriverSpec) -> No
     rec = _Fanned(ready, sizes=index == 0)
     stats = Stats("subscriber", f"fanout-sub-{index}")
     transport = load_driver(spec.sub_url, spec.options).subscriber(stats)
-    sub = Subscriber(transport, TOPICS, rec.on_event, None, SubscriberOptions(), f"fanout-sub-{index}",
+    sub = Subscriber(transport, TOPICS, rec.on_event, None, SubscriberOptions(packed_values=spec.schema == 2),
+                     f"fanout-sub-{index}",
                      rec.requests.append, stats)
     endpoint = conn.recv()
     if spec.connect:
@@ -240,7 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds of publishing per cell (default 2)")
     parser.add_argument("--subscribers", default="1,4,16", help="numbers of subscriber processes (default 1,4,16)")
     parser.add_argument("--drivers", default="zmq,redis,etcd,nats")
+    parser.add_argument("--schema", choices=("1", "2", "both"), default="1",
+                        help="wire schema of the dfpubsub cells; both: each cell in schema 1, then 2 (default 1)")
     args = parser.parse_args(argv)
+    schemas = (1, 2) if args.schema == "both" else (int(args.schema),)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["zmq", "msgpack", "redis", "grpc", "aetcd", "nats", "e2e", "fanout_raw",
                                 "dfpubsub.drivers.zeromq", "dfpubsub.drivers.redis_streams",
@@ -258,20 +268,23 @@ def main(argv: list[str] | None = None) -> int:
                     cell += 1
                     raw = summarize(f"[{name} x{n}] raw", *run_cell(ctx, n, args.seconds, *CLIENTS[name], server,
                                                                      url, f"raw{cell}"))
-                    if name == "zmq":
-                        spec = DriverSpec("zmq+tcp://127.0.0.1:*", "zmq", {"sndhwm": HWM, "rcvhwm": HWM}, True)
-                    else:
-                        # NATS: each prefix needs a stream of its own (one stream holds one prefix's subjects).
-                        extra = {"stream": f"FAN{cell}"} if name == "nats" else {}
-                        spec = DriverSpec(url, url, {"prefix": f"fan{cell}", **extra})
-                    full = summarize(f"[{name} x{n}] dfpubsub", *run_cell(ctx, n, args.seconds, df_pub, df_sub,
-                                                                         server, spec))
-                    lost += full["lost_undetected"]
-                    result.update({f"{name}_rate_{n}": round(full["rate"]), f"{name}_raw_rate_{n}": round(raw["rate"]),
-                                   f"{name}_ratio_{n}": round(full["rate"] / raw["rate"], 2) if raw["rate"] else 0.0,
-                                   f"{name}_envelope_{n}": round(full.get("events_per_envelope", 0.0), 1)})
-                    print(f"[{name} x{n}] ratio {result[f'{name}_ratio_{n}']} (load average "
-                          f"{os.getloadavg()[0]:.1f})", flush=True)
+                    for schema in schemas:
+                        tag = name if schema == schemas[0] else f"{name}_schema{schema}"
+                        if name == "zmq":
+                            spec = DriverSpec("zmq+tcp://127.0.0.1:*", "zmq", {"sndhwm": HWM, "rcvhwm": HWM}, True,
+                                              schema=schema)
+                        else:
+                            # NATS: each prefix needs a stream of its own (one stream holds one prefix's subjects).
+                            extra = {"stream": f"FAN{cell}S{schema}"} if name == "nats" else {}
+                            spec = DriverSpec(url, url, {"prefix": f"fan{cell}s{schema}", **extra}, schema=schema)
+                        full = summarize(f"[{tag} x{n}] dfpubsub", *run_cell(ctx, n, args.seconds, df_pub, df_sub,
+                                                                             server, spec))
+                        lost += full["lost_undetected"]
+                        result.update({f"{tag}_rate_{n}": round(full["rate"]), f"{name}_raw_rate_{n}": round(raw["rate"]),
+                                       f"{tag}_ratio_{n}": round(full["rate"] / raw["rate"], 2) if raw["rate"] else 0.0,
+                                       f"{tag}_envelope_{n}": round(full.get("events_per_envelope", 0.0), 1)})
+                        print(f"[{tag} x{n}] ratio {result[f'{tag}_ratio_{n}']} (load average "
+                              f"{os.getloadavg()[0]:.1f})", flush=True)
             finally:
                 if server is not None:
                     server.kill()

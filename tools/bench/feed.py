@@ -14,14 +14,22 @@
    minus that time: commit -> handler, including the feed publisher's wake-up
    (its 1 ms poll of other processes' commits), its get_many and the wire.
    The same again at a low rate (``--low-rate``, 500/s).
+3. df-feed's CPU per published entry, per backend, wire schema 1 against 2 (interleaved, best of
+   three): ``--cpu-keys`` objects are updated once each, then a feed publisher (in this process,
+   on ZeroMQ with nobody subscribed, so the wire costs the least it can) publishes them from the
+   feed; CPU time of the process while it does, per entry. Schema 1 decodes each value from the
+   store and packs it into its event; schema 2 sends the store's bytes (docs/feed.md).
 
-Last line: ``{"bench": "feed", "<backend>_write_ratio": R, ..., "p50_ms": X, "p99_ms": Y, "low_p99_ms": Z}``.
-Targets: write ratio >= 0.9 on Redis and etcd, >= 0.7 on SQLite; p99 <= 5 ms.
+Last line: ``{"bench": "feed", "<backend>_write_ratio": R, ..., "p50_ms": X, "p99_ms": Y, "low_p99_ms": Z,
+"<backend>_cpu_us_per_entry": {"1": A, "2": B}, "<backend>_cpu_ratio_2_vs_1": B/A}``.
+Targets: write ratio >= 0.9 on Redis and etcd, >= 0.7 on SQLite; p99 <= 5 ms; schema 2's CPU per
+entry <= 0.5 x schema 1's.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import sqlite3
@@ -171,6 +179,28 @@ def latency(url: str, rate: float, seconds: float, keys: int) -> dict[str, Any]:
             "p99_ms": lat[int(len(lat) * 0.99)] * 1e3 if lat else float("nan"), "feed": feed_stats}
 
 
+def feed_cpu(store: Store, keys: int, schema: int) -> float:
+    """µs of this process's CPU per entry a feed publisher of ``schema`` publishes (see the docstring)."""
+    stats = Stats("publisher", f"bench-feed-cpu-{schema}")
+    publisher = Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "bench-feed-cpu",
+                          PublisherOptions(schema=schema), stats)
+    feed = FeedPublisher(store, publisher, compact_interval=0, bookmark_interval=0)
+    try:
+        for k in range(keys):
+            store.update("port", f"cpu-{k:05d}", {**VALUE, "i": k})
+        head = store.feed_head()
+        before = stats.get("feed_published")
+        cpu = time.process_time()
+        while feed.position < head:
+            feed.step(0.05)
+        spent = time.process_time() - cpu
+        published = stats.get("feed_published") - before
+    finally:
+        feed.close()
+        publisher.close()
+    return spent / max(published, 1) * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--writes", type=int, default=3000)
@@ -178,13 +208,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency run")
     parser.add_argument("--low-rate", type=float, default=500.0, help="writes/s of the low-load latency run")
     parser.add_argument("--backends", default="sqlite,etcd,redis")
+    parser.add_argument("--cpu-keys", type=int, default=5000, help="entries per round of the CPU phase")
+    parser.add_argument("--phases", default="write,latency,cpu", help="which phases to run (default: all)")
     args = parser.parse_args(argv)
+    phases = set(args.phases.split(","))
     result: dict[str, Any] = {"bench": "feed", "writes": args.writes}
     with tempfile.TemporaryDirectory(prefix="bench-feed-") as tmp:
         for backend in args.backends.split(","):
             with bench_store(backend, tmp, TABLES) as (store, url):
                 for k in range(args.keys):
                     store.create("port", f"port-{k:04d}", VALUE)
+                if "cpu" in phases:
+                    for k in range(args.cpu_keys):
+                        store.create("port", f"cpu-{k:05d}", VALUE)
+                    gc.freeze()  # as df-feed does once started
+                    cpu: dict[int, list[float]] = {1: [], 2: []}
+                    for _ in range(3):  # interleaved, best of three
+                        for schema in (1, 2):
+                            cpu[schema].append(feed_cpu(store, args.cpu_keys, schema))
+                    best = {s: min(v) for s, v in cpu.items()}
+                    print(f"[{backend}] df-feed CPU per entry: schema 1 {best[1]:.1f} µs, schema 2 {best[2]:.1f} µs "
+                          f"(ratio {best[2] / best[1]:.2f}; rounds {cpu})", flush=True)
+                    result.update({f"{backend}_cpu_us_per_entry": {str(s): round(v, 2) for s, v in best.items()},
+                                   f"{backend}_cpu_ratio_2_vs_1": round(best[2] / best[1], 2)})
+                if "write" not in phases:
+                    continue
                 on, off = [], []
                 for _ in range(5):  # interleaved, best of five: the machine is shared and noisy
                     on.append(write_rate(store, args.writes, args.keys))
@@ -197,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
                 result.update({f"{backend}_writes_per_s": round(rate), f"{backend}_no_feed_writes_per_s": round(base),
                                f"{backend}_write_ratio": round(rate / base, 2)})
-                if backend == "sqlite":
+                if backend == "sqlite" and "latency" in phases:
                     lat = latency(url, rate / 2, args.seconds, args.keys)
                     print(f"[sqlite+zmq] {lat['writes']} writes at {rate / 2:,.0f}/s, {lat['delivered']} events "
                           f"handled; commit -> handler p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms; "

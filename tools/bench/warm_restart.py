@@ -14,7 +14,7 @@ controller runs in this process with a ``state_dir``:
 
 What the store served for each start is read from the server itself (``INFO
 stats`` ``total_net_output_bytes`` and ``INFO commandstats``, the INFO
-replies' own bytes taken out: tools/bench/repair.py's RedisMeter), from the
+replies' own bytes taken out: tools/bench/storemeter.py's RedisMeter), from the
 start to ``synced``. Against it, what those ``--writes`` feed entries cost to
 read once (``read_feed``, measured the same way): the issue's target is a warm
 start of at most 10x that, the same at every table size.
@@ -44,7 +44,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from repair import TABLE, RedisMeter, key_of, load, port_value, private_store
+from storemeter import TABLE, RedisMeter, key_of, load, port_value, private_store
 
 from dfpubsub import SubscriberOptions, load_driver
 from dfpubsub.controller import Controller, ControllerOptions

@@ -21,6 +21,12 @@ Paced phases also print where the latency goes (latency_parts.py): batching,
 transport and dispatch parts, the subscriber's GC pauses, and the harness's own
 pacing lateness, reported apart.
 
+With ``--schema 2`` (or ``both``, the default) the full-stack phases also run in wire schema 2:
+the publisher hands over the value's bytes (as df-feed hands over the store's) and the
+subscriber hands them on packed (as a controller's does, for its cache). Schema 2's throughput
+rounds interleave with schema 1's and the baseline's; its paced phases run at the same rate as
+schema 1's (half of schema 1's best), so that their latencies compare at one load.
+
 After each full-stack phase the publisher flushes, closes (bye) and reports its
 final sequences; the subscriber waits until every (topic, seq) sent was delivered
 or lies in the ``missing`` range of a ResyncRequest. The rest is ``lost_undetected``
@@ -124,43 +130,59 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="approximate total run time (default 10)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved baseline/throughput rounds; best counts")
+    parser.add_argument("--schema", choices=("1", "2", "both"), default="both",
+                        help="wire schema of the full-stack phases; both: schema 1's, then schema 2's (default)")
     args = parser.parse_args(argv)
     total, rounds = args.seconds, max(1, args.rounds)
+    schemas = (1, 2) if args.schema == "both" else (int(args.schema),)
+    specs = {s: replace(SPEC, schema=s) for s in schemas}
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["zmq", "msgpack", "e2e", "dfpubsub.drivers.zeromq"])
     print(f"zmq_e2e: {EVENT_BYTES}-byte events on {len(TOPICS)} topics, about {total:g}s", flush=True)
-    base_rate = flat_rate = 0.0
+    base_rate = 0.0
+    flat_rate = dict.fromkeys(schemas, 0.0)
     lost = 0
-    for _ in range(rounds):  # interleaved so that a noisy neighbour hits both sides alike
+    for _ in range(rounds):  # interleaved so that a noisy neighbour hits every side alike
         pub, base = run_pair(ctx, "baseline", base_pub_worker, base_sub_worker, 0.24 * total / rounds, 0)
         sent = pub["sent"]
         print(f"[baseline] raw pyzmq: sent {sent} ({sent / pub['elapsed']:,.0f}/s, {pub['cpu']:.2f} cores), "
               f"received {base['received']} at {base['rate']:,.0f}/s, dropped {sent - base['received']}, "
               f"{base['size']} bytes/message", flush=True)
         base_rate = max(base_rate, base["rate"])
-        flat = run_phase(ctx, "throughput", 0.32 * total / rounds, 0, SPEC)
-        flat_rate, lost = max(flat_rate, flat["rate"]), lost + flat["lost_undetected"]
-    paced = run_phase(ctx, "latency", 0.24 * total, flat_rate / 2, SPEC)
-    flushed = run_phase(ctx, "latency-flushed", 0.16 * total, flat_rate / 2, replace(SPEC, flush_bursts=True))
-    lost += paced["lost_undetected"] + flushed["lost_undetected"]
+        for schema, spec in specs.items():
+            flat = run_phase(ctx, f"throughput-schema{schema}", 0.32 * total / rounds, 0, spec)
+            flat_rate[schema], lost = max(flat_rate[schema], flat["rate"]), lost + flat["lost_undetected"]
+    half = flat_rate[schemas[0]] / 2  # one load for every schema's paced phases
     _, base_low = run_pair(ctx, "baseline-low-rate", base_pub_worker, base_sub_worker, 0.16 * total, LOW_RATE)
     print(f"[baseline-low-rate] raw pyzmq at {LOW_RATE}/s: latency p50 {base_low['p50_ms']:.3f} ms, "
           f"p99 {base_low['p99_ms']:.3f} ms", flush=True)
-    low = run_phase(ctx, "low-rate", 0.16 * total, LOW_RATE, SPEC)
-    lost += low["lost_undetected"]
-    print(json.dumps({
-        "bench": "zmq_e2e", "events_per_s": round(flat_rate), "baseline_events_per_s": round(base_rate),
-        "ratio": round(flat_rate / base_rate, 2) if base_rate else 0.0,
-        "p50_ms": round(paced["p50_ms"], 3), "p99_ms": round(paced["p99_ms"], 3),
-        "low_rate_p50_ms": round(low["p50_ms"], 3), "low_rate_p99_ms": round(low["p99_ms"], 3),
-        "baseline_low_rate_p50_ms": round(base_low["p50_ms"], 3),
-        "baseline_low_rate_p99_ms": round(base_low["p99_ms"], 3),
-        "p99_parts_ms": {k: round(v["p99"], 3) for k, v in paced["parts"].items()},
-        "flushed_p50_ms": round(flushed["p50_ms"], 3), "flushed_p99_ms": round(flushed["p99_ms"], 3),
-        "flushed_p99_parts_ms": {k: round(v["p99"], 3) for k, v in flushed["parts"].items()},
-        "low_rate_p99_parts_ms": {k: round(v["p99"], 3) for k, v in low["parts"].items()},
-        "low_rate_gc_max_ms": round(low["gc"]["gc_max_ms"], 3), "lost_undetected": lost,
-    }), flush=True)
+    figures: dict[int, dict[str, Any]] = {}
+    for schema, spec in specs.items():
+        paced = run_phase(ctx, f"latency-schema{schema}", 0.24 * total, half, spec)
+        flushed = run_phase(ctx, f"latency-flushed-schema{schema}", 0.16 * total, half, replace(spec, flush_bursts=True))
+        low = run_phase(ctx, f"low-rate-schema{schema}", 0.16 * total, LOW_RATE, spec)
+        lost += paced["lost_undetected"] + flushed["lost_undetected"] + low["lost_undetected"]
+        figures[schema] = {
+            "events_per_s": round(flat_rate[schema]),
+            "ratio": round(flat_rate[schema] / base_rate, 2) if base_rate else 0.0,
+            "p50_ms": round(paced["p50_ms"], 3), "p99_ms": round(paced["p99_ms"], 3),
+            "low_rate_p50_ms": round(low["p50_ms"], 3), "low_rate_p99_ms": round(low["p99_ms"], 3),
+            "p99_parts_ms": {k: round(v["p99"], 3) for k, v in paced["parts"].items()},
+            "flushed_p50_ms": round(flushed["p50_ms"], 3), "flushed_p99_ms": round(flushed["p99_ms"], 3),
+            "flushed_p99_parts_ms": {k: round(v["p99"], 3) for k, v in flushed["parts"].items()},
+            "low_rate_p99_parts_ms": {k: round(v["p99"], 3) for k, v in low["parts"].items()},
+            "low_rate_gc_max_ms": round(low["gc"]["gc_max_ms"], 3),
+        }
+    first = figures[schemas[0]]
+    line: dict[str, Any] = {
+        "bench": "zmq_e2e", "schema": schemas[0], **first, "baseline_events_per_s": round(base_rate),
+        "paced_events_per_s": round(half), "baseline_low_rate_p50_ms": round(base_low["p50_ms"], 3),
+        "baseline_low_rate_p99_ms": round(base_low["p99_ms"], 3), "lost_undetected": lost,
+    }
+    if len(schemas) == 2:
+        line["schema2"] = figures[2]
+        line["schema2_vs_1"] = round(flat_rate[2] / flat_rate[1], 2) if flat_rate[1] else 0.0
+    print(json.dumps(line), flush=True)
     return 0 if lost == 0 else 1
 
 

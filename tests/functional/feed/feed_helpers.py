@@ -11,11 +11,12 @@ class FeedThread:
     """A :class:`FeedPublisher` of ``store`` on ``driver`` (a fresh tcp port by default), run until
     :meth:`close`."""
 
-    def __init__(self, store, cursor_path=None, name="feed", driver="zmq+tcp://127.0.0.1:*", options=None):
+    def __init__(self, store, cursor_path=None, name="feed", driver="zmq+tcp://127.0.0.1:*", options=None,
+                 schema=1):
         self.stats = Stats("feed", name)
         transport = load_driver(driver, options).publisher(self.stats)
-        self.publisher = Publisher(transport, name, PublisherOptions(batch_linger=0.001, max_idle_time=0.3),
-                                   self.stats)
+        self.publisher = Publisher(transport, name, PublisherOptions(batch_linger=0.001, max_idle_time=0.3,
+                                                                     schema=schema), self.stats)
         self.endpoint = transport.uri
         self.feed = FeedPublisher(store, self.publisher, FileCursor(cursor_path) if cursor_path else None,
                                   compact_interval=0)

@@ -6,6 +6,7 @@ import stat
 import time
 from collections import defaultdict
 
+import pytest
 import zmq
 
 from dfpubsub.codec import encode_hello
@@ -32,18 +33,22 @@ def _probe_until_seen(wp, sinks):
     n = iter(range(1, 1_000_000))
 
     def seen():
-        wp.publish("probe", "probe", "p", "create", next(n))
+        wp.publish("probe", "probe", "p", "create", next(n), {})  # a map: what schema 2 carries
         return all(s.keys("probe") for s in sinks)
 
     wait_for(seen, what="the subscribers' subscriptions to reach the service")
 
 
-def test_forked_workers_reach_two_subscribers_exactly_once_in_worker_order(tmp_path):
+@pytest.mark.parametrize("schema", [1, 2])
+def test_forked_workers_reach_two_subscribers_exactly_once_in_worker_order(tmp_path, schema):
+    """In either wire schema: the service relays schema 2 envelopes as it relays schema 1's."""
     port, sock = _paths(tmp_path)
     svc = Service(port, sock, *NO_ANNOUNCE).start()
     sinks = [Sink(["port", "probe"], [svc.uri]) for _ in range(2)]
+    settings = worker_settings(port, sock)
+    settings.pubsub.schema_version = schema
     # Made in the parent before forking, with its thread running, as a preloading master does.
-    wp = create_publisher(worker_settings(port, sock))
+    wp = create_publisher(settings)
     assert isinstance(wp, WorkerPublisher)
     try:
         for s in sinks:
@@ -73,6 +78,8 @@ def test_forked_workers_reach_two_subscribers_exactly_once_in_worker_order(tmp_p
                 w = items[0][1].split(":")[0]
                 assert [key for _, key in items] == [f"{w}:{k}" for k in range(per_worker)]
             assert [g for g in s.gaps if g.topic == "port"] == []
+            assert all(e.value == {"w": int(e.key.split(":")[0])} for e in s.events if e.topic == "port")
+            assert s.stats.get(f"envelopes_schema{schema}") > 0 and s.stats.get(f"envelopes_schema{3 - schema}") == 0
     finally:
         wp.close()
         for s in sinks:

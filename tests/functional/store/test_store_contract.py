@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from dfpubsub.errors import (
@@ -133,6 +134,12 @@ def test_list_versions_and_get_many_agree_with_list_topics(store):
     assert store.get_many([]) == []
     with pytest.raises(UnknownTable):
         store.get_many([("nope", "k")])
+    # Without decoding: the same objects carrying None, and the bytes the store holds (schema 2's df-feed).
+    objects, blobs = store.get_many_packed(refs)
+    assert sorted(objects) == sorted(o._replace(value=None) for o in listed)
+    assert {(o.table, o.key): msgpack.unpackb(b) for o, b in zip(objects, blobs)} == {
+        (o.table, o.key): o.value for o in listed}
+    assert store.get_many_packed([]) == ([], [])
 
 
 def test_concurrent_processes_lose_no_update_and_never_go_back(store_url):
