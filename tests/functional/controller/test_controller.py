@@ -8,7 +8,7 @@ import pytest
 from dfpubsub import Publisher, PublisherOptions, SubscriberOptions, load_driver
 from dfpubsub.controller import Controller
 from dfpubsub.errors import StoreUnavailable, TransportError
-from dfpubsub.events import VersionedObject
+from dfpubsub.events import Action, Event, VersionedObject
 from dfpubsub.metrics import Stats
 from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
@@ -165,3 +165,27 @@ def test_periodic_reconcile_repairs_a_write_that_was_never_published(tmp_path):
     ctrl.stop()
     pub.close()
     store.close()
+
+
+def test_a_late_event_at_or_below_the_position_does_not_bring_back_a_deleted_object(store, tmp_path):
+    """The model's counterexample (docs/model.md): a create's envelope arrives late, after a repair
+    whose listing no longer held the object (deleted since; a listing leaves no tombstone for what
+    it did not see). The cache is complete up to its position, so the late event is stale, not a
+    resurrection."""
+    ctrl = Controller(store, load_driver(f"memory://late-{next(_prefix)}").subscriber(Stats("s", "late")),
+                      ["port"], options=SubscriberOptions(max_idle_time=0.5)).start()
+    try:
+        assert ctrl.subscriber.wait_synced(30)
+        created = store.create("port", "gone", {"i": 1})  # neither write reaches the controller
+        store.delete("port", "gone", created.version)
+        store.create("port", "kept", {"i": 2})
+        ctrl.subscriber.request_resync({"port"}, reason="manual")
+        wait_for(lambda: ctrl.cache.get("port", "kept") is not None, what="the repair")
+        assert ctrl.positions["port"] >= created.version
+        stale = ctrl.stats.get("stale_events")
+        ctrl._on_events([Event("port", "port", "gone", Action.CREATE, created.version, {"i": 1},
+                               publisher_id="api", seq=1)])
+        assert ctrl.cache.get("port", "gone") is None
+        assert ctrl.stats.get("stale_events") == stale + 1
+    finally:
+        ctrl.stop()
