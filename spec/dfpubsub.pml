@@ -117,6 +117,7 @@ byte snext[NP * NT];
 byte shigh[NP * NT];
 byte sheld[NP * NT];    /* held envelopes (one event each): bit q = seq q */
 bool sgap[NP * NT];     /* deadline set: a gap is open */
+byte sdel[NP * NT];     /* ghost: the last sequence delivered on the stream (since it began) */
 byte sclaim[NP * NT];   /* claimed_from (0: none) */
 byte shf[NP * NT];      /* the given-up hole [hole_from, hole_to] (0, 0: none) */
 byte sht[NP * NT];
@@ -372,13 +373,16 @@ inline deliver_all(pp) {
 inline append_new(pp, tt, qq) {
   if
   :: qq >= snext[SX(pp, tt)] ->
+     /* Rule: delivery is in sequence order per stream, nothing twice (protocol.md §8.3) */
+     assert(qq > sdel[SX(pp, tt)]);
+     sdel[SX(pp, tt)] = qq;
      dq[tt] = dq[tt] | (1 << qq); snext[SX(pp, tt)] = qq + 1; sclaim[SX(pp, tt)] = 0
   :: else -> skip                       /* a duplicate */
   fi
 }
 
 inline reset_stream(sx) {
-  sex[sx] = 0; snext[sx] = 0; shigh[sx] = 0; sheld[sx] = 0; sgap[sx] = 0; sclaim[sx] = 0;
+  sex[sx] = 0; snext[sx] = 0; sdel[sx] = 0; shigh[sx] = 0; sheld[sx] = 0; sgap[sx] = 0; sclaim[sx] = 0;
   shf[sx] = 0; sht[sx] = 0
 }
 
@@ -489,27 +493,6 @@ inline first_contact(pp, tt, nx) {
   fi
 }
 
-/* A step down takes back the claim: the numbers above the frame are known to exist only as far
-   as the frame and what is held say, so that a hello reporting them opens a gap again (the
-   give-up's repair that covered them may have run before this late frame was delivered) */
-inline unclaim(sx, floor) {
-#ifndef BUG_STEPDOWN_KEEPS_HIGH
-  shigh[sx] = floor;
-  gq = floor + 1;
-  do
-  :: gq < NS ->
-     if
-     :: (sheld[sx] >> gq) & 1 -> shigh[sx] = gq
-     :: else -> skip
-     fi;
-     gq++
-  :: else -> break
-  od
-#else
-  skip
-#endif
-}
-
 inline hold(pp, tt, qq) {               /* §8.6 Hold */
   if
   :: (sheld[SX(pp, tt)] >> qq) & 1 -> skip      /* the same envelope, held already */
@@ -546,7 +529,6 @@ inline on_batch(pp, tt, qq) {           /* SequenceTracker.on_batch, §8.3 */
      :: qq < snext[SX(pp, tt)] ->       /* _below */
         if
         :: sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq -> snext[SX(pp, tt)] = qq;  /* step down */
-           unclaim(SX(pp, tt), qq);
            if                           /* it delivers numbers a request passed over: no anchor */
            :: pp == FEED -> clean[tt] = 0
            :: else -> skip
@@ -602,7 +584,6 @@ inline hello_topic(pp, tt, qq, prev) {
      if
      :: sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq + 1 && qq + 1 < snext[SX(pp, tt)] ->
         snext[SX(pp, tt)] = qq + 1;                              /* step down */
-        unclaim(SX(pp, tt), qq);
         if
         :: snext[SX(pp, tt)] == sclaim[SX(pp, tt)] -> sclaim[SX(pp, tt)] = 0
         :: else -> skip
@@ -738,6 +719,9 @@ inline assert_equal(all, tt) {
   do
   :: rk < NK ->
      assert(!(all || rk == tt) || (clive[rk] == slive[rk] && (!slive[rk] || cver[rk] == sver[rk])));
+     /* and a forged version lasts only until then, tombstone included (the tombstone keeps
+        min(version, position): reliability.md "Truth wins") */
+     assert(!(all || rk == tt) || cver[rk] != FORGED_V);
      rk++
   :: else -> break
   od
@@ -981,6 +965,7 @@ init {
        printf("STEP pub %d sends a hello (seqs %d %d)\n", cur, pseq[SX(cur, 0)], pseq[SX(cur, 1)]) }
 
   /* ---- df-feed */
+#ifndef NO_FEED
   :: !pend && rpos < ffloor -> d_step {   /* HistoryGone: declare its topics lost, go on from the head */
        rpos = head; fpub = head;
        pseq[SX(FEED, 0)]++; pseq[SX(FEED, 1)]++;                    /* declare_lost */
@@ -992,7 +977,9 @@ init {
   :: !pend && rpos < head && rpos >= ffloor ->
      select(sa : rpos + 1 .. head);
      if
+#ifndef NO_BOOKMARK
      :: sb = 1
+#endif
      :: skip
 #ifndef NO_STOREFAIL
      :: !storefail -> sc = 1
@@ -1017,6 +1004,7 @@ init {
        printf("STEP df-feed publishes its pending batch up to %d, and a bookmark\n", rpos) }
   :: nhello < HELLOS && (fbm || pseq[SX(FEED, 0)] + pseq[SX(FEED, 1)] > 0) -> d_step { nhello++; feed_hello(0);
        printf("STEP df-feed sends a hello (seqs %d %d, bookmark %d)\n", pseq[SX(FEED, 0)], pseq[SX(FEED, 1)], fbk) }    /* idle */
+#endif
 
   /* ---- the store trims its feed (once) */
 #ifndef NO_TRIM
@@ -1117,7 +1105,11 @@ init {
      }
 
   /* ---- quiescence: every write made, nothing in flight, df-feed caught up */
+#ifdef NO_FEED
+  :: writes == MAXW && ch[0] == 0 -> break
+#else
   :: writes == MAXW && ch[0] == 0 && !pend && rpos == head -> break
+#endif
   od;
   z = 0;
   /* the channel stops losing: each running publisher's next idle hello arrives */
@@ -1131,6 +1123,7 @@ init {
     msg = 0
   }
   /* df-feed went quiet: a bookmark at once (feed_publisher.py _bookmark(quiet=True)) */
+#ifndef NO_FEED
   d_step {
     fbm = 1; fbk = fpub;
     msg = MHELLO(HELLO, FEED, pseq[SX(FEED, 0)], pseq[SX(FEED, 1)], fbk + 1);
@@ -1143,6 +1136,7 @@ init {
     assert(!clean[0] || sclaim[SX(FEED, 0)] != 0 || pos[0] == fpub);
     assert(!clean[1] || sclaim[SX(FEED, 1)] != 0 || pos[1] == fpub)
   }
+#endif
   /* silent publishers are taken as dead */
   d_step {
     x = 0;

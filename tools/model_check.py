@@ -26,22 +26,25 @@ MODEL = Path(__file__).resolve().parents[1] / "spec" / "dfpubsub.pml"
 
 #: name -> (-D flags, what it covers). Small enough for CI: each is an exhaustive search.
 CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
-    "publishers": (("-DMAXW=2", "-DCH=2", "-DNO_TRIM", "-DNO_STOREFAIL", "-DNO_CKPT"),
+    "publishers": (("-DMAXW=2", "-DCH=2", "-DDUPS=0", "-DNO_TRIM", "-DNO_STOREFAIL", "-DNO_CKPT", "-DNO_BOOKMARK"),
                    "NbApi publishing directly and dying, saying bye, restarting; df-feed beside it"),
-    "feed": (("-DMAXW=2", "-DCH=2", "-DNO_DIRECT", "-DNO_DEATH"),
+    "feed": (("-DMAXW=2", "-DCH=2", "-DDUPS=0", "-DNO_DIRECT", "-DNO_DEATH"),
              "df-feed alone: a batch whose store fails, a trimmed feed, bookmarks, a checkpoint"),
-    "adversary": (("-DMAXW=2", "-DCH=2", "-DADV=2", "-DNO_DEATH", "-DNO_TRIM", "-DNO_STOREFAIL", "-DNO_CKPT"),
-                  "two forged frames: far ahead, a forged version, an unknown id, a forged bookmark"),
+    "adversary": (("-DMAXW=2", "-DCH=2", "-DADV=1", "-DNO_FEED", "-DNO_DEATH", "-DNO_TRIM", "-DNO_STOREFAIL",
+                   "-DNO_BOOKMARK"),
+                  "a forged frame: far ahead, a forged version, an unknown id, or a forged bookmark"),
+    "channel": (("-DMAXW=3", "-DCH=3", "-DDUPS=1", "-DNO_FEED", "-DNO_DEATH", "-DNO_TRIM", "-DNO_STOREFAIL"),
+                "NbApi alone through a channel that also duplicates, a checkpoint"),
 }
 
 #: seeded bug -> (the configuration that must refute it, the mistake it reintroduces)
 BUGS: dict[str, tuple[str, str]] = {
+    "BUG_HOLE_DELIVER": ("channel", "an envelope that arrives inside a given-up hole is delivered"),
     "BUG_TOMB_MAX": ("adversary", "a repair's tombstone keeps max(version, position), not min"),
     "BUG_RELIST_SOME": ("feed", "a history_gone relist relists only the topics asked for"),
     "BUG_PROGRESS_AHEAD": ("feed", "the replay's reader reaches the head before the entries "
                                    "(etcd's progress notifications)"),
     "BUG_FEED_DROP": ("feed", "df-feed drops a batch whose publishing failed (issue 45)"),
-    "BUG_STEPDOWN_KEEPS_HIGH": ("adversary", "a step down into a claimed run keeps the claim's high"),
     "BUG_NO_FLOOR": ("feed", "the controller applies an event at or below its topic's position"),
 }
 
