@@ -12,15 +12,18 @@
  * Every step of the world is one d_step (one transition, no intermediate state stored); the
  * nondeterministic choices (which message, which key, lose or not) are made before it.
  *
- * Seeded bugs (each a -D switch, each refuted by Spin with a trail, see tests/unit/test_model.py):
+ * Seeded bugs (each a -D switch, each refuted by Spin with a trail: tools/model_check.py BUGS,
+ * tests/unit/test_model.py):
  *   BUG_TOMB_MAX        a repair's tombstone keeps max(version, position) instead of min
  *   BUG_RELIST_SOME     a history_gone relist relists only the topics asked for (the relist loop)
  *   BUG_PROGRESS_AHEAD  the replay's reader reaches the head before the entries (etcd progress
  *                       notifications sent ahead of their events)
  *   BUG_FEED_DROP       df-feed drops a batch whose publishing failed (issue 45)
- *   BUG_BOOKMARK_ANYONE a bookmark of any publisher counts, not only a named feed's
  *   BUG_HOLE_DELIVER    an envelope that arrives inside a given-up hole is delivered
- *   BUG_TOMB_EARLY      tombstones are purged before the horizon (a late create resurrects)
+ *   BUG_NO_FLOOR        the controller applies an event at or below its topic's position (the
+ *                       reference today: docs/model.md "Findings")
+ * and one that needs more forged frames than CI's bounds (three, and a repair between them):
+ *   BUG_BOOKMARK_ANYONE a bookmark of any publisher counts, not only a named feed's
  */
 
 /* ---------------------------------------------------------------- bounds */
