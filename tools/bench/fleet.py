@@ -91,7 +91,8 @@ from storemeter import (
 )
 
 from dfpubsub import Controller, ControllerOptions, NbApi, Publisher, PublisherOptions, SubscriberOptions
-from dfpubsub.controller import FeedIds
+from dfpubsub.admission import open_slots
+from dfpubsub.controller import FeedIds, RelistAdmission
 from dfpubsub.discovery import DiscoveryConnector, PublisherAnnouncer, open_discovery
 from dfpubsub.errors import StoreUnavailable, WriteOutcomeUnknown
 from dfpubsub.feed_publisher import FeedPublisher
@@ -140,11 +141,16 @@ class Member:
     def __init__(self, name: str, cfg: dict[str, Any], trust: Trust):
         self.store = open_bench_store(cfg["url"])
         transport = load_driver(cfg["sub_driver"]).subscriber(Stats("subscriber", name))
+        # As df-controller takes its turns ([relist]): slots in the store itself; 0 slots: unbounded,
+        # every listing in one piece, as before relist admission.
+        self.admission = (RelistAdmission(open_slots(cfg["url"], "relist", 5.0, "dfpubsub"), cfg["slots"],
+                                          jitter=cfg["jitter"], page_size=cfg["page_size"], identity=name)
+                          if cfg["slots"] else None)
         self.ctl = Controller(
             self.store, transport, [TABLE], name=name,
             options=SubscriberOptions(message_delay_window=cfg["window"], max_idle_time=cfg["idle"]),
             runtime=ControllerOptions(workers=1, checkpoint_interval=cfg["checkpoint"]),
-            feeds=trust)
+            feeds=trust, admission=self.admission)
         self.discovery = open_discovery(cfg["discovery_url"], 3 * cfg["renew"], cfg["renew"], DISCOVERY_PREFIX)
         #: Discovery's first listing timed out (the store busy with other controllers' listings)
         #: and was tried again, as a supervisor would restart df-controller.
@@ -155,6 +161,8 @@ class Member:
         self.ctl.stop(timeout=3.0)
         self.connector.close(disconnect=False)
         self.discovery.close()
+        if self.admission is not None:
+            self.admission.close()
         self.store.close()
 
 
@@ -314,7 +322,8 @@ class Fleet:
             count = min(per, args.controllers - first)
             cfg = {"url": url, "discovery_url": discovery_url, "sub_driver": sub_driver, "first": first,
                    "count": count, "window": args.window, "idle": args.idle, "checkpoint": args.checkpoint,
-                   "renew": args.renew}
+                   "renew": args.renew, "slots": args.relist_slots, "jitter": args.relist_jitter,
+                   "page_size": args.page_size}
             self.procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(cfg)],
                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
             self.sizes.append(count)
@@ -708,6 +717,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver", default="zmq", help="the pub/sub driver: zmq, or a driver URL both sides use")
     parser.add_argument("--scenarios", default="cold,idle,lost,dead,steady,baseline,partition,restart,history")
     parser.add_argument("--load-threads", type=int, default=16)
+    parser.add_argument("--relist-slots", type=int, default=8,
+                        help="relists the store serves at once over the fleet ([relist] slots; 0: no bound)")
+    parser.add_argument("--relist-jitter", type=float, default=2.0, help="[relist] jitter before a relist asks (s)")
+    parser.add_argument("--page-size", type=int, default=5000, help="[relist] page_size of a listing of values")
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(json.loads(args.worker))
