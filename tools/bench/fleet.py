@@ -215,17 +215,30 @@ class Worker:
         passed (the others did not change), the first mismatch of a cache ending its check."""
         keys = self.expected if full else self.dirty
         equal = 0
+        mismatch: dict[str, Any] | None = None
         for m in self.members:
             cache = m.ctl.cache
             ok = len(cache) == len(self.expected)
+            bad = None
             for k in keys:
                 if not ok:
                     break
                 ok = cache.version(TABLE, k) == self.expected[k]
+                bad = None if ok else k
             equal += ok
+            if full and not ok and mismatch is None:
+                # Which of the three disagrees (the cache, the bench's bookkeeping or the store),
+                # so that a run that does not converge says why.
+                got = m.store.get(TABLE, bad) if bad is not None else None
+                mismatch = {"controller": m.ctl.name, "key": bad, "objects": len(cache),
+                            "expected_objects": len(self.expected),
+                            "cached": cache.version(TABLE, bad) if bad is not None else None,
+                            "expected": self.expected.get(bad) if bad is not None else None,
+                            "store": got.version if got is not None else None,
+                            "positions": dict(m.ctl.positions)}
         if full and equal == len(self.members):
             self.dirty = set()
-        return {"equal": equal, "full": full}
+        return {"equal": equal, "full": full, "mismatch": mismatch}
 
     def stats(self) -> dict[str, Any]:
         total = Counter(self.retired)
@@ -351,7 +364,11 @@ class Fleet:
         return replies
 
     def equal(self, full: bool = False) -> int:
-        return sum(r["equal"] for r in self.ask({"op": "check", "full": full}))
+        replies = self.ask({"op": "check", "full": full})
+        for r in replies:
+            if r.get("mismatch"):
+                print(f"[fleet] not equal: {r['mismatch']}", file=sys.stderr, flush=True)
+        return sum(r["equal"] for r in replies)
 
     def stats(self) -> dict[str, Any]:
         replies = self.ask({"op": "stats"})
