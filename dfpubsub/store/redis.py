@@ -676,6 +676,9 @@ class RedisStore(Store):
             raise HistoryRewound(after, int(head))
         horizon = _revision(first) - 1 if first else int(head)
         if horizon > after:
+            # Trimmed past a position a takeover skipped (the promoted server never had it): that
+            # history went back rather than away, as feed_since says (it raises HistoryRewound).
+            self.feed_since(after)
             raise HistoryGone(after, horizon)
         entries, last = [], after
         for entry_id, flat in rows:

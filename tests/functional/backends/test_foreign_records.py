@@ -507,7 +507,7 @@ def test_foreign_discovery_rows_are_skipped(backend, request):
         r.hset(f"{prefix}:publishers:bad2", "a", "hash")
         expected = 2
     else:
-        disc._conn.call("foul", lambda s: s.kv.Put(rpc.PutRequest(key=disc.root + b"bad1", value=b"\xc1")))
+        disc._conn.call(lambda s: s.kv.Put(rpc.PutRequest(key=disc.root + b"bad1", value=b"\xc1")))
         expected = 1
     assert [p.publisher_id for p in disc.list()] == ["p1"]
     assert _skipped("discovery_row") - before >= expected
