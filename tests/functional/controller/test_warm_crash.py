@@ -112,10 +112,15 @@ def test_a_full_disk_keeps_the_last_good_snapshot_and_the_controller_running(bac
     try:
         wait_for(lambda: _counts(proc)[1] >= 3, timeout=180, what="three failed writes")
         assert proc.poll() is None  # still running
+        # The child retries every 0.05 s, so a write may be under way at any look; what a failed
+        # write must not do is leave its temporary behind: none seen now outlives two more failures.
+        seen = set(_temporaries(state_dir))
+        errors = _counts(proc)[1]
+        wait_for(lambda: _counts(proc)[1] >= errors + 2, timeout=180, what="two more failed writes")
+        assert not seen & set(_temporaries(state_dir))
         written, _ = _counts(proc)
         assert written == 0
         assert read_file(str(state_dir)).header["objects"] == N + 20  # the last good one
-        assert not _temporaries(state_dir)
     finally:
         proc.kill()
         proc.wait()
