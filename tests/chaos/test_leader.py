@@ -72,7 +72,9 @@ def acts(log: Path) -> list[tuple[int, str, float]]:
     if not log.exists():
         return []
     out = []
-    for line in log.read_text().splitlines():
+    text = log.read_text()
+    # Only whole lines: an actor may be writing the last one as we read (a torn read failed a run).
+    for line in text[:text.rfind("\n") + 1].splitlines():
         token, identity, at = line.split()
         out.append((int(token), identity, float(at)))
     return out

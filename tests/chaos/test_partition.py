@@ -47,12 +47,17 @@ def bus(request, far_side, tmp_path):
     if request.param == "publisher-service":
         # The API host on the far side: df-publisher-service and a worker publishing through it.
         driver, sock = f"zmq+tcp://{far}:{free_port()}", str(tmp_path / "service.sock")
-        service = subprocess.Popen(["ip", "netns", "exec", ns, SERVICE, "--pubsub.driver", driver,
-                                    "--pubsub.multiproc-socket", sock, "--pubsub.max-idle-time", "0.3"],
-                                   stderr=subprocess.DEVNULL)
+        errors = tmp_path / "service.err"
+        with open(errors, "w") as err:
+            service = subprocess.Popen(["ip", "netns", "exec", ns, SERVICE, "--pubsub.driver", driver,
+                                        "--pubsub.multiproc-socket", sock, "--pubsub.max-idle-time", "0.3",
+                                        # the controller connects to it: no discovery table to announce in
+                                        "--publisher-service.announce", "false"],
+                                       stderr=err)
         try:
-            wait_for(lambda: os.path.exists(sock) or service.poll() is not None, what="the publisher service")
-            assert service.poll() is None
+            wait_for(lambda: os.path.exists(sock) or service.poll() is not None, timeout=60,
+                     what="the publisher service")
+            assert service.poll() is None, errors.read_text()[-2000:]
             yield (driver, {"multiproc_socket": sock}), feed, load_driver("zmq").subscriber(Stats("s", "s")), True
         finally:
             service.terminate()

@@ -85,8 +85,10 @@ def leading_and_standing_by(start: Callable[[str], Daemon]) -> Iterator[tuple[Da
         wait_for(lambda: a.leader_gauge() == 1.0, timeout=STARTUP, what="a leading")
         b = start("b")
         wait_for(lambda: b.leader_gauge() == 0.0, timeout=STARTUP, what="b standing by, its gauge served")
-        status, body = b.readyz()  # a standby is not ready, and says why
-        assert status == 503 and "leader failed: standing by" in body, (status, body)
+        # A standby is not ready, and says why (once it has set its readiness problem, a moment
+        # after its gauge: a loaded machine once read the probe in between).
+        wait_for(lambda: "leader failed: standing by" in b.readyz()[1], timeout=STARTUP, what="b's readyz saying why")
+        assert b.readyz()[0] == 503
         yield a, b
     finally:
         for daemon in (a, b):

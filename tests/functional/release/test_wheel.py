@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -17,13 +18,20 @@ ROOT = Path(__file__).resolve().parents[3]
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, the bin directory of a venv where it is installed without extras)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(ROOT)],
-                   check=True, capture_output=True, timeout=600)
+    # Built from a copy: setuptools writes build/ and *.egg-info into the tree it builds, and reads
+    # it while the other tests' processes write theirs (__pycache__), which once failed the build.
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", ".*_cache"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(src)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (tmp / "dist").glob("dfpubsub-*.whl")
     venv.create(tmp / "venv", with_pip=True)
     bin_dir = tmp / "venv" / "bin"
-    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)], check=True,
-                   capture_output=True, timeout=600)
+    installed = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)],
+                               capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
     return wheel, bin_dir
 
 
