@@ -50,17 +50,8 @@ def seeded_log():
     return rows
 
 
-def test_audit_reports_seeded_faults(spark, tmp_path):
-    log, out = tmp_path / "log", tmp_path / "report"
-    w = SegmentWriter(str(log), fsync=False)
-    rows = seeded_log()
-    for i, r in enumerate(rows):
-        w.append(r)
-        if i % 6 == 5:
-            w.roll()
-    w.close()
-    result = audit(spark, str(log), str(out), bucket=60.0)
-    s = result.summary
+def test_audit_reports_seeded_faults(spark, seeded_audit):
+    out, rows, s = seeded_audit.out, seeded_audit.rows, seeded_audit.result.summary
 
     assertDataFrameEqual(spark.read.parquet(str(out / "gaps")),
                          spark.createDataFrame([("p1", "port", 4, 5, 2, 103, 106, ""),

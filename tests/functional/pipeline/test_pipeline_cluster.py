@@ -19,10 +19,8 @@ pytest.importorskip("pyarrow")
 
 from dfpubsub.archive import SegmentWriter  # noqa: E402
 from dfpubsub.pipeline import compact  # noqa: E402
-from dfpubsub.pipeline.audit import audit  # noqa: E402
 from dfpubsub.pipeline.bootstrap import load_snapshot  # noqa: E402
 from tests.conftest import free_port, wait_for  # noqa: E402
-from tests.functional.pipeline.test_pipeline_audit import seeded_log  # noqa: E402
 from tests.functional.pipeline.test_pipeline_compact import RUN1, RUN2  # noqa: E402
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -133,10 +131,8 @@ def test_compact_on_a_standalone_cluster_gives_what_local_gives(spark, cluster, 
     assert snapshot_of(remote) == snapshot_of(local)
 
 
-def test_audit_on_a_standalone_cluster_gives_what_local_gives(spark, cluster, tmp_path):
-    log = tmp_path / "log"
-    write_log(log, seeded_log(), every=6)
-    local = audit(spark, str(log), str(tmp_path / "local"), bucket=60.0).summary
+def test_audit_on_a_standalone_cluster_gives_what_local_gives(seeded_audit, cluster, tmp_path):
+    log, local = seeded_audit.log, seeded_audit.result.summary  # the same log, audited on local[2]
     remote = pipeline(cluster, "audit", "--log", str(log), "--out", str(tmp_path / "cluster"))
     assert remote["out"] == str(tmp_path / "cluster")
     assert json.loads((tmp_path / "cluster" / "summary.json").read_text()) == local
