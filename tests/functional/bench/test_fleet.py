@@ -23,9 +23,9 @@ def test_fifty_controllers_end_every_scenario_equal_to_the_store_and_the_figures
         [sys.executable, str(BENCH), "--store", "redis", "--controllers", str(CONTROLLERS), "--workers", "2",
          "--objects", str(OBJECTS), "--rate", "100", "--duration", "3", "--baseline-duration", "3",
          "--checkpoint", "1", "--idle-s", "1", "--idle", "1", "--partition-s", "2",
-         # Not the history scenario: two clean-clone runs waited it out with every controller idle
-         # and the bench's check unequal, not yet diagnosed (the bench now names the first key
-         # that disagrees); `./dev bench fleet` runs it.
+         # Not the history scenario: under load it ends about one run in eight with a cache that
+         # missed one write below its position (reproduced by hand at load 4-8, not yet
+         # diagnosed: docs/performance.md, "The fleet"); `./dev bench fleet` runs it.
          "--scenarios", "cold,idle,lost,dead,steady,baseline,partition,restart"],
         capture_output=True, text=True, timeout=1100)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
