@@ -219,12 +219,8 @@ class Worker:
         for m in self.members:
             cache = m.ctl.cache
             ok = len(cache) == len(self.expected)
-            bad = None
-            for k in keys:
-                if not ok:
-                    break
-                ok = cache.version(TABLE, k) == self.expected[k]
-                bad = None if ok else k
+            bad = next((k for k in keys if cache.version(TABLE, k) != self.expected[k]), None) if ok else None
+            ok = ok and bad is None
             equal += ok
             if full and not ok and mismatch is None:
                 # Which of the three disagrees (the cache, the bench's bookkeeping or the store),

@@ -38,16 +38,10 @@ def seeded_audit(spark, tmp_path_factory):
     """The seeded log (``test_pipeline_audit.seeded_log``, a segment every six rows) and what audit
     made of it on the local session: the audit test checks it, the cluster test compares its
     own run with it (an audit is ~15 s of Spark; run once)."""
-    from dfpubsub.archive import SegmentWriter
     from dfpubsub.pipeline.audit import audit
-    from tests.functional.pipeline.test_pipeline_audit import seeded_log
+    from tests.functional.pipeline.test_pipeline_audit import seeded_log, write_log
 
     root = tmp_path_factory.mktemp("seeded-audit")
     log, out, rows = root / "log", root / "report", seeded_log()
-    w = SegmentWriter(str(log), fsync=False)
-    for i, r in enumerate(rows):
-        w.append(r)
-        if i % 6 == 5:
-            w.roll()
-    w.close()
+    write_log(log, rows, every=6)
     return SimpleNamespace(log=log, out=out, rows=rows, result=audit(spark, str(log), str(out), bucket=60.0))

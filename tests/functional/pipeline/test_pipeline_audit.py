@@ -50,6 +50,16 @@ def seeded_log():
     return rows
 
 
+def write_log(root, rows: list[tuple], every: int = 5) -> None:
+    """``rows`` archived under ``root``, a segment every ``every`` rows."""
+    w = SegmentWriter(str(root), fsync=False)
+    for i, r in enumerate(rows):
+        w.append(r)
+        if i % every == every - 1:
+            w.roll()
+    w.close()
+
+
 def test_audit_reports_seeded_faults(spark, seeded_audit):
     out, rows, s = seeded_audit.out, seeded_audit.rows, seeded_audit.result.summary
 

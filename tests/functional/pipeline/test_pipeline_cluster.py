@@ -17,10 +17,10 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from dfpubsub.archive import SegmentWriter  # noqa: E402
 from dfpubsub.pipeline import compact  # noqa: E402
 from dfpubsub.pipeline.bootstrap import load_snapshot  # noqa: E402
 from tests.conftest import free_port, wait_for  # noqa: E402
+from tests.functional.pipeline.test_pipeline_audit import write_log  # noqa: E402
 from tests.functional.pipeline.test_pipeline_compact import RUN1, RUN2  # noqa: E402
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -94,15 +94,6 @@ def pipeline(master: str, *args: str) -> dict:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result.pop("seconds")
     return result
-
-
-def write_log(root: Path, rows: list[tuple], every: int = 5) -> None:
-    w = SegmentWriter(str(root), fsync=False)
-    for i, r in enumerate(rows):
-        w.append(r)
-        if i % every == every - 1:
-            w.roll()
-    w.close()
 
 
 def snapshot_of(root: Path) -> tuple[int, list[tuple]]:
