@@ -1,31 +1,40 @@
 """Bookmarks: a controller's positions follow what a feed publisher's unbroken streams brought.
 
 A feed publisher (df-feed) publishes every entry of the store's change feed in
-revision order and, in its hellos, bookmarks how far it got: (``rev``, its last
+revision order and, in its hellos, bookmarks how far it got: (``rev``, its
 sequence per topic) says that every entry up to ``rev`` went out on each
-topic's stream at a sequence up to the one given (docs/protocol.md §4.4). A
-controller's position in the feed says up to which revision its cache holds
-every committed write (docs/reliability.md); a replay moves it by reading the
-feed. Bookmarks move it without reading anything, by this rule, per (feed
-publisher, topic), on the dispatch thread, in order with the envelopes:
+topic's stream at a sequence up to the one given (docs/protocol.md §7.4). The
+claim goes one way only: a hello carries the latest ``rev`` with the
+sequences of the moment, so entries above ``rev`` may have gone out at or
+below them too. A controller's position in the feed says up to which revision
+its cache holds every committed write (docs/reliability.md); a replay moves it
+by reading the feed. Bookmarks move it without reading anything, by this rule,
+per (feed publisher, topic), on the dispatch thread, in order with the
+envelopes:
 
-- an **anchor** (``seq``, ``rev``) says: every entry of the topic above ``rev``
-  comes at a sequence above ``seq``, and the cache holds every write up to
-  ``rev``. A bookmark is one (the publisher publishes in revision order, and
-  only entries above the bookmark after it), once the position is at least
-  its ``rev``; a complete repair at position ``P`` (it read the feed or the
-  listing up to every write committed before it began) is one too, with the
-  stream's last sequence applied: whatever came before it was applied, or
-  lost and then committed before the repair began, so at most ``P``;
+- an **anchor** (``a``, ``r``) says: every entry of the topic above ``r`` comes
+  at a sequence above ``a``, the cache holds every write up to ``r``, and
+  every sequence after ``a`` was applied in order since. A complete repair at
+  position ``P`` (it read the feed or the listing up to every write committed
+  before it began) is one, with the stream's last sequence applied: whatever
+  came at or before it was applied, or lost and so published, and committed,
+  before the repair began, so at most ``P``. A bookmark (``q``, ``rev``) is one
+  only on a stream applied *whole*, every sequence from 1 to ``q`` with none
+  passed over (an idle topic's ``q`` = 0 included), once the position is at
+  least its ``rev``: every entry above ``rev`` this publisher sends then
+  arrives after what was applied. A bookmark on a stream met mid-stream is no
+  anchor: the numbers before it were not applied, and one of them may carry an
+  entry above its ``rev`` (found by the fleet benchmark: a hello's stale ``rev``
+  with the sequence of an envelope the controller never received);
 - while every sequence after the anchor is applied in order (no envelope
   skipped, none dropped, no run passed over), a bookmark (``q``, ``r``) with
   ``q`` at or after the anchor proves the cache holds every write up to ``r``:
   the entries between the anchor's ``rev`` and ``r`` came at sequences between
-  the anchor's and ``q``, all applied. The position moves to ``r`` and the
-  bookmark becomes the anchor;
+  the anchor's and ``q``, all applied. The position moves to ``r``; the anchor
+  stays (a bookmark's sequences may already carry entries above its ``rev``,
+  so it could not be one);
 - any break (an envelope that does not follow the last one, numbers passed
-  over by a resync request) drops the anchor until the next complete repair
-  or a bookmark at the position.
+  over by a resync request) drops the anchor until the next complete repair.
 
 Only publishers the caller names as feeds count (discovery's ``role = feed``
 rows, or a list): a bookmark of anyone else is ignored, a replayed one is a
@@ -77,6 +86,8 @@ class _Stream:
     #: The anchor's sequence (-1: none) and revision.
     seq: int = -1
     rev: int = 0
+    #: Every sequence from 1 to ``applied`` was applied in order, none passed over.
+    whole: bool = True
     #: A replay was asked for to anchor this stream (not again until it anchors).
     asked: bool = False
 
@@ -100,21 +111,21 @@ class FeedStreams:
         """Sequences ``first``..``last`` of a feed's stream were applied to the cache."""
         st = self._stream(publisher_id, topic)
         if first != st.applied + 1:
-            st.seq = -1
+            st.seq, st.whole = -1, False
         st.applied = last
 
     def broken(self, publisher_id: str, topic: str) -> None:
         """What was handed to the cache from this stream may not all be in it (a handler failed)."""
         st = self._streams.get((publisher_id, topic))
         if st is not None:
-            st.seq = -1
+            st.seq, st.whole = -1, False
 
     def passed(self, publisher_id: str, topic: str, to: int) -> None:
         """The subscriber passed over this stream's sequences up to ``to`` (a resync request)."""
         if not self.is_feed(publisher_id):
             return
         st = self._stream(publisher_id, topic)
-        st.seq = -1
+        st.seq, st.whole = -1, False
         st.applied = max(st.applied, to)
 
     def forget(self, publisher_id: str) -> None:
@@ -148,15 +159,14 @@ class FeedStreams:
                 continue  # not synced yet: its first listing sets the position
             st = self._stream(pid, topic)
             if q > st.applied:  # numbers the dispatch thread never saw: passed over
-                st.seq, st.applied = -1, q
+                st.seq, st.applied, st.whole = -1, q, False
             if st.seq >= 0:
-                if st.seq <= q:  # every sequence since the anchor is applied, q's included
-                    if rev > position:
-                        moved[topic] = rev
-                    if rev >= st.rev:
-                        st.seq, st.rev = q, rev
-                continue  # an older bookmark than the anchor: nothing more to learn
-            if q == st.applied and rev <= position:
+                # At or after the anchor: every sequence since is applied, q's included. Before
+                # it: an older bookmark, nothing more to learn.
+                if st.seq <= q and rev > position:
+                    moved[topic] = rev
+                continue
+            if st.whole and rev <= position:
                 st.seq, st.rev, st.asked = q, rev, False
             elif not st.asked:
                 st.asked = True

@@ -141,6 +141,46 @@ def test_bookmarks_of_publishers_not_named_as_feeds_are_ignored():
     assert fs.ignored == 1
 
 
+def test_a_stream_met_mid_stream_is_not_anchored_by_a_bookmark_whose_sequence_may_carry_a_newer_entry():
+    # The fleet benchmark's miss: df-feed published seqs 1..6, the last one an entry above 2023,
+    # then a hello (rev 2023, seq 7) - a hello carries the latest rev with the sequences of the
+    # moment. The controller, whose relist had read up to 2023, met the stream at 7.
+    fs = streams()
+    fs.applied(FEED, "port", 7, 7)
+    fs.passed(FEED, "port", 6)  # the first_seen request for 1..6 comes after the envelope
+    moved, ask = fs.bookmark(mark({"port": 7}, 2023), {"port": 2023})
+    assert moved == {} and ask == {"port"}  # no anchor: a replay reads what 1..6 carried
+    fs.applied(FEED, "port", 8, 8)
+    assert fs.bookmark(mark({"port": 8}, 2027), {"port": 2023}) == ({}, set())
+    fs.repaired({"port"}, 2027)  # that replay: anchored at 8
+    fs.applied(FEED, "port", 9, 9)
+    assert fs.bookmark(mark({"port": 9}, 2030), {"port": 2027}) == ({"port": 2030}, set())
+
+
+def test_a_stream_applied_whole_from_its_first_sequence_is_anchored_by_a_bookmark_at_the_position():
+    fs = streams()
+    fs.applied(FEED, "port", 1, 3)
+    assert fs.bookmark(mark({"port": 3}, 50), {"port": 40}) == ({}, {"port"})  # the cache is not at 50
+    fs2 = streams()
+    fs2.applied(FEED, "port", 1, 3)
+    assert fs2.bookmark(mark({"port": 3}, 50), {"port": 50}) == ({}, set())  # anchors
+    fs2.applied(FEED, "port", 4, 4)
+    assert fs2.bookmark(mark({"port": 4}, 60), {"port": 50}) == ({"port": 60}, set())
+
+
+def test_the_anchor_stays_where_a_repair_put_it_while_bookmarks_move_the_position():
+    # A hello's rev may be older than its sequences: (6, 70) may carry entries above 70 at 5 and 6.
+    # Taken as the anchor, it would vouch for nothing it did not see; it moves the position only.
+    fs = streams()
+    fs.applied(FEED, "port", 1, 3)
+    fs.repaired({"port"}, 50)
+    fs.applied(FEED, "port", 4, 6)
+    assert fs.bookmark(mark({"port": 6}, 70), {"port": 50}) == ({"port": 70}, set())
+    assert fs.bookmark(mark({"port": 4}, 75), {"port": 70}) == ({"port": 75}, set())  # still after 3
+    fs.applied(FEED, "port", 8, 8)  # 7 never came
+    assert fs.bookmark(mark({"port": 8}, 90), {"port": 75}) == ({}, {"port"})
+
+
 def test_an_idle_topic_moves_with_the_bookmarks_and_a_fresh_bookmark_at_the_position_anchors():
     fs = streams()
     assert fs.bookmark(mark({"net": 0}, 10), {"net": 10}) == ({}, set())  # at the position: anchors

@@ -6,7 +6,7 @@ file and prints its steps."""
 from __future__ import annotations
 
 import pytest
-from dfpubsub.tools.model_check import BUGS, CONFIGS, verify
+from dfpubsub.tools.model_check import BUGS, CONFIGS, bug_flags, verify
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -20,6 +20,6 @@ def test_the_model_verifies(name, tmp_path):
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_seeded_bug_is_refuted(bug, tmp_path):
     config = BUGS[bug][0]
-    got = verify((*CONFIGS[config][0], f"-D{bug}"), tmp_path)
+    got = verify(bug_flags(bug), tmp_path)
     assert got.errors > 0, f"{bug} ({BUGS[bug][1]}) went unnoticed in {config}: {got.states} states"
     assert got.trail_path.exists() and "assertion violated" in got.trail, got.trail
