@@ -592,6 +592,7 @@ class Run:
 
         def known() -> int:
             return sum(r["count"] for r in self.fleet.ask({"op": "peers", "id": pid}))
+        at_kill: dict[str, Any] = {}
         try:
             wait_for(lambda: known() == self.fleet.n, 120, "every controller to hear the API worker", poll=0.2)
 
@@ -601,11 +602,16 @@ class Run:
                 with self.writer.lock:
                     self.writer.delta.update(json.loads(proc.stdout.readline()))  # type: ignore[union-attr]
                 wait_for(self.all_equal, 60, "the API worker's writes to arrive", poll=0.1)
+                # The repair is what the kill costs: a checkpoint while the writes were on their way
+                # may have read an object whose newest write had not arrived yet (rightly).
+                at_kill.update(self.fleet.stats()["counters"])
                 proc.kill()
                 wait_for(lambda: known() == 0, 60 + 10 * self.args.idle, "every controller to declare it dead",
                          poll=0.2)
                 return 5
-            self.measure("dead", act)
+            row = self.measure("dead", act)
+            after = self.fleet.stats()["counters"]
+            row["repair_objects"] = after["replay_objects"] - at_kill.get("replay_objects", 0)
         finally:
             proc.kill()
             proc.wait()
@@ -779,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in rows.items():
         for k in ("bytes", "bytes_net", "fleet_rss", "threads", "wall_s", "commands", "store_cpu_s", "store_peak_rss", "converge_s", "replays", "relists",
                   "entries", "objects", "listed", "writes", "cpu_per_event_us", "read_share", "writer_p99_ms",
-                  "feed_register_failures", "write_timeouts", "discovery_failures"):
+                  "feed_register_failures", "write_timeouts", "discovery_failures", "repair_objects"):
             if r.get(k) is not None:
                 result[f"{name}_{k}"] = round(r[k], 4) if isinstance(r[k], float) else r[k]
     if "steady" in rows and "baseline" in rows:

@@ -22,11 +22,7 @@ def test_fifty_controllers_end_every_scenario_equal_to_the_store_and_the_figures
     out = subprocess.run(
         [sys.executable, str(BENCH), "--store", "redis", "--controllers", str(CONTROLLERS), "--workers", "2",
          "--objects", str(OBJECTS), "--rate", "100", "--duration", "3", "--baseline-duration", "3",
-         "--checkpoint", "1", "--idle-s", "1", "--idle", "1", "--partition-s", "2",
-         # Not the history scenario: under load it ends about one run in eight with a cache that
-         # missed one write below its position (reproduced by hand at load 4-8, not yet
-         # diagnosed: docs/performance.md, "The fleet"); `./dev bench fleet` runs it.
-         "--scenarios", "cold,idle,lost,dead,steady,baseline,partition,restart"],
+         "--checkpoint", "1", "--idle-s", "1", "--idle", "1", "--partition-s", "2"],
         capture_output=True, text=True, timeout=1100)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -46,6 +42,11 @@ def test_fifty_controllers_end_every_scenario_equal_to_the_store_and_the_figures
     # One lost envelope: every controller replays, and none relists.
     assert result["lost_replays"] >= CONTROLLERS
     assert result["lost_relists"] == 0
-    # An API worker killed -9 after its writes arrived: every controller repairs, reads no object.
+    # An API worker killed -9 after its writes arrived: every controller repairs, and from the kill
+    # on reads no object (before it, a checkpoint may rightly read a write still on its way).
     assert result["dead_replays"] >= CONTROLLERS
-    assert result["dead_relists"] == 0 and result["dead_objects"] == 0
+    assert result["dead_relists"] == 0 and result["dead_repair_objects"] == 0
+    # The feed's history gone for all (a new df-feed met mid-stream: docs/reliability.md, "Anchors"):
+    # every controller relists once and reads the table once.
+    assert result["history_relists"] >= CONTROLLERS
+    assert 1 <= result["history_listed_per_controller"] < 2
