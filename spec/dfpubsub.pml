@@ -51,7 +51,7 @@
    NO_DIRECT  NbApi does not publish (df-feed alone)      NO_DEATH    NbApi neither dies nor says bye
    NO_TRIM    the feed is never trimmed                   NO_STOREFAIL the store never fails df-feed
    NO_CKPT    no checkpoint                             NO_COST_RULE the safety rules only (the rule
-   that bookmarks move the position needs more idle hellos than HELLOS at MAXW=3) */
+   that bookmarks move the position, a cost, fails at MAXW=3: docs/model.md "Findings") */
 #define NP 4            /* publisher ids */
 #define NB0 0           /* NbApi's publisher, first run */
 #define NB1 1           /* NbApi's publisher after its restart (a new id) */
