@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -19,7 +20,7 @@ from dfpubsub.backends import access
 from dfpubsub.store import Store, open_store
 from dfpubsub.testing.servers import EtcdServer, NatsServer, RedisServer, free_port
 
-__all__ = ["wait_for", "free_port", "stopped", "undetected"]
+__all__ = ["wait_for", "free_port", "reap", "stopped", "undetected"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,14 +57,19 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
 
 @contextmanager
 def _turn(folder: Path, alone: bool) -> Iterator[None]:
-    """Readers and a writer on two flock(2) locks, the writer first: once a test that must run
-    alone waits at the gate, no other starts, and it starts when those running have ended."""
+    """Readers and a writer on two locks, the writer first: once a test that must run alone waits
+    at the gate, no other starts, and it starts when those running have ended.
+
+    POSIX record locks (lockf), not flock(2): a flock belongs to the open file, which a child
+    forked by a test shares, so a child that outlived its test (one hung in gRPC after a fork did)
+    kept the lock and every later test waited for it, the whole run stuck. A record lock belongs
+    to the process: a child never holds it."""
     folder.mkdir(exist_ok=True)
-    with open(folder / "gate", "a") as gate, open(folder / "running", "a") as running:
-        fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    with open(folder / "gate", "a+") as gate, open(folder / "running", "a+") as running:
+        fcntl.lockf(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.lockf(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.lockf(gate, fcntl.LOCK_UN)
         yield  # both are unlocked as the files close
 
 
@@ -94,6 +100,27 @@ def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or cond}")
         time.sleep(interval)
+
+
+def reap(pid: int, timeout: float = 60.0) -> int:
+    """The exit code of a child the test forked, waited for at most ``timeout`` seconds. One that
+    has not ended by then is killed and the test fails: a child forked from a process whose gRPC
+    threads held a lock at the fork can hang in gRPC for ever (dfpubsub.backends.etcd, the fork
+    hooks), and a test must not wait for it for ever."""
+    status: list[int] = []
+
+    def ended() -> bool:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status.append(code)
+        return bool(done)
+    try:
+        wait_for(ended, timeout, interval=0.02, what=f"the forked child {pid} to end")
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return os.waitstatus_to_exitcode(status[0])
 
 
 def stopped(pid: int) -> bool:

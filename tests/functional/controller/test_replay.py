@@ -334,7 +334,13 @@ def test_a_replay_retried_after_the_store_failed_is_counted_under_its_cause(back
     for node, snap in zip(c.nodes, before):
         assert node.relists() == {"first_sync": 1}, node.relists()
         replays = {k: v - snap.get(f"replays:{k}", 0) for k, v in node.ctrl.stats.by_reason("replays").items()}
-        assert replays == {"gap": 1}, f"{node.ctrl.name}: the retried repair counted as {replays}"
+        replays = {k: v for k, v in replays.items() if v}
+        # Never "manual" (a retry that lost its reasons). A loaded machine may also declare the
+        # publisher dead while the server is frozen: that repair counts under its own cause, and a
+        # retry coalesced with it under the higher of the two.
+        assert "manual" not in replays and set(replays) <= {"gap", "dead_publisher"} and replays, \
+            f"{node.ctrl.name}: the retried repair counted as {replays}"
+        assert replays.get("gap") == 1 or "dead_publisher" in replays, replays
 
 
 # -- etcd slow to deliver a watch's history ----------------------------------------------------------

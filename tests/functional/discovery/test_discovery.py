@@ -25,7 +25,7 @@ from dfpubsub.discovery import (
 )
 from dfpubsub.errors import ConfigError, StoreMissing
 from dfpubsub.metrics import Stats
-from tests.conftest import wait_for
+from tests.conftest import reap, wait_for
 from tests.functional.zmq_helpers import subscribed
 
 CHILD = Path(__file__).with_name("discovery_child.py")
@@ -473,8 +473,7 @@ def test_etcd_discovery_survives_a_fork_while_it_renews_and_watches(etcd_server)
                 code = 0 if [r.publisher_id for r in d.list()] == ["pub1"] else 1
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert reap(pid) == 0
         renewals = reg.renewals
         other = d.register(record("pub2"))
         wait_for(lambda: reg.renewals > renewals + 2 and "pub2" in seen,

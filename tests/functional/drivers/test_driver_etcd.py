@@ -24,7 +24,7 @@ from dfpubsub.metrics import Stats
 from dfpubsub.publisher import _QUIET
 from dfpubsub.testing.servers import free_port
 from dfpubsub.transport import SubscriberTransport
-from tests.conftest import wait_for
+from tests.conftest import reap, wait_for
 from tests.functional.sink_helpers import RecordingSink, light_traffic_while_stopped
 
 _n = itertools.count()
@@ -449,8 +449,7 @@ def test_a_fork_loses_nothing_and_the_child_publishes_on_its_own_connection(shar
         finally:
             os._exit(code)
     transport.send("a", b"parent-2")
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert reap(pid) == 0
     transport.send("a", b"parent-3")
     wait_for(lambda: got.extend(sub.recv(0.1)) or len(got) == 4)
     assert sorted(got) == sorted([b"parent-1", b"parent-2", b"child", b"parent-3"]) and got[-1] == b"parent-3"

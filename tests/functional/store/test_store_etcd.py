@@ -11,6 +11,7 @@ from dfpubsub.errors import ConfigError, NotFound, StoreUnavailable, VersionConf
 from dfpubsub.store import open_store
 from dfpubsub.store.etcd import EtcdStore
 from dfpubsub.testing.servers import free_port
+from tests.conftest import reap
 
 TABLES = ["port", "network"]
 
@@ -111,8 +112,7 @@ def test_forked_child_gets_its_own_connection(store):
             os._exit(code)
     os.close(write)
     os.close(read)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert reap(pid) == 0
     assert store.get("port", "child").value == 2  # the parent's store still works too
 
 
