@@ -35,51 +35,20 @@ def soak(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("soak"))
 
 
-#: Unit tests that are not light: CPU-bound for tens of seconds (gcc and Spin's verifier).
-_HEAVY_UNITS = frozenset({"test_model.py"})
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks, groups and order for two pytest-xdist workers (``--dist loadgroup``, in collection
-    order: ``--no-loadscope-reorder``):
-
-    - every chaos test runs ``alone``;
-    - the unit tests (but the heavy ones) are ``light`` and one group, the first: one worker runs
-      them while the other starts on the chaos tests, which come next. A light test needs no turn
-      (no server, no process of its own, no elapsed time to bound), so it runs beside an alone one,
-      which otherwise leaves the other worker idle (the chaos tests use little CPU: load 0.3
-      while they ran, measured);
-    - the tests on Spark are one group (each worker would start a JVM of its own), after the chaos
-      tests, so that its few minutes on one worker start early."""
-    root = Path(__file__).parent
-    chaos, unit = root / "chaos", root / "unit"
-
-    def rank(item: pytest.Item) -> int:
-        if item.path.is_relative_to(unit):
-            return 2 if item.path.name in _HEAVY_UNITS else 0
-        if item.path.is_relative_to(chaos):
-            return 1
-        return 3 if "spark" in getattr(item, "fixturenames", ()) else 4
+    chaos = Path(__file__).parent / "chaos"
     for item in items:
-        r = rank(item)
-        if r == 0:
-            item.add_marker("light")
-            item.add_marker(pytest.mark.xdist_group("unit"))
-        elif r == 1:
+        if item.path.is_relative_to(chaos):
             item.add_marker("alone")
-        elif r == 3:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-    items.sort(key=rank)  # stable: each group keeps pytest's order
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     """Under pytest-xdist (``./dev test`` runs two workers), a test marked ``alone`` runs while no
-    other runs, its fixtures' set-up and tear-down included, but light ones; the others run side by
-    side."""
+    other runs, its fixtures' set-up and tear-down included; the others run side by side."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run or item.get_closest_marker("light") is not None:
+    if not run:
         yield
         return
     with _turn(_turns_folder(run), item.get_closest_marker("alone") is not None):

@@ -9,7 +9,12 @@ import pytest
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 
-# The tests on Spark are one pytest-xdist group (tests/conftest.py): one JVM, on one worker.
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on Spark run on one pytest-xdist worker: each worker would start a JVM of its own."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")
