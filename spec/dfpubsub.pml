@@ -148,7 +148,6 @@ bool fsfeed[2];         /* _feeds */
 bool fsex[2 * NT];
 byte fsapp[2 * NT];     /* applied */
 byte fsseq[2 * NT];     /* anchor's seq, NONE: none */
-byte fsrev[2 * NT];
 bool fsask[2 * NT];
 bool fswhole[2 * NT];   /* every sequence from 1 to applied applied in order, none passed over */
 #ifdef BUG_BOOKMARK_ANYONE
@@ -223,7 +222,7 @@ inline fs_stream(f, tt) {
   if
   :: !fsex[f * NT + tt] ->
      fsex[f * NT + tt] = 1; fsapp[f * NT + tt] = 0; fsseq[f * NT + tt] = NONE;
-     fsrev[f * NT + tt] = 0; fsask[f * NT + tt] = 0; fswhole[f * NT + tt] = 1; fsfeed[f] = 1
+     fsask[f * NT + tt] = 0; fswhole[f * NT + tt] = 1; fsfeed[f] = 1
   :: else -> skip
   fi
 }
@@ -245,7 +244,7 @@ inline fs_forget(pp) {                  /* FeedStreams.forget */
   fi
 }
 
-inline fs_repaired(all, tt, position) { /* FeedStreams.repaired: anchor every known feed's stream */
+inline fs_repaired(all, tt) {       /* FeedStreams.repaired: anchor every known feed's stream */
   rx = 0;
   do
   :: rx < 2 ->
@@ -257,7 +256,7 @@ inline fs_repaired(all, tt, position) { /* FeedStreams.repaired: anchor every kn
            if
            :: all || rk == tt ->
               fs_stream(rx, rk);
-              fsseq[rx * NT + rk] = fsapp[rx * NT + rk]; fsrev[rx * NT + rk] = position;
+              fsseq[rx * NT + rk] = fsapp[rx * NT + rk];
               fsask[rx * NT + rk] = 0;
               if
               :: rx == 0 -> clean[rk] = 1
@@ -685,9 +684,9 @@ inline on_bookmark(pp, r1) {            /* runtime.py _on_bookmark, FeedStreams.
            :: else ->
               if
 #ifdef BUG_BOOKMARK_MIDSTREAM
-              :: q == fsapp[x] && r1 - 1 <= pos[bi] -> fsseq[x] = q; fsrev[x] = r1 - 1; fsask[x] = 0
+              :: q == fsapp[x] && r1 - 1 <= pos[bi] -> fsseq[x] = q; fsask[x] = 0
 #else
-              :: fswhole[x] && r1 - 1 <= pos[bi] -> fsseq[x] = q; fsrev[x] = r1 - 1; fsask[x] = 0
+              :: fswhole[x] && r1 - 1 <= pos[bi] -> fsseq[x] = q; fsask[x] = 0
 #endif
               :: else ->
                  if
@@ -759,7 +758,7 @@ inline relist(all, tt) {                /* relist.py / VersionedCache.reconcile 
   :: else -> skip
   fi;
   proven[0] = pos[0]; proven[1] = pos[1];
-  fs_repaired(all, tt, head);
+  fs_repaired(all, tt);
   relist_trims = trims;
   assert_equal(all, tt)
 }
@@ -810,7 +809,7 @@ inline replay() {
   od;
   ckpt = 0;
   proven[0] = pos[0]; proven[1] = pos[1];
-  fs_repaired(1, 0, head);
+  fs_repaired(1, 0);
   assert_equal(1, 0)
 }
 

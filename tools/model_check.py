@@ -55,10 +55,17 @@ BUGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-def bug_flags(bug: str) -> tuple[str, ...]:
-    """The -D flags that put ``bug`` back in its configuration."""
-    config, _, extra = BUGS[bug]
-    return (*CONFIGS[config][0], *extra, f"-D{bug}")
+def overridden(flags: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
+    """``flags`` with ``extra`` added, an extra ``-DNAME=...`` replacing the flag of that name (spin's
+    preprocessor would keep the first definition or the last, with a warning)."""
+    names = {f.partition("=")[0] for f in extra}
+    return (*(f for f in flags if f.partition("=")[0] not in names), *extra)
+
+
+def bug_flags(bug: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The -D flags that put ``bug`` back in its configuration (with ``extra`` besides)."""
+    config, _, needs = BUGS[bug]
+    return overridden(CONFIGS[config][0], (*needs, *extra, f"-D{bug}"))
 
 
 @dataclass
@@ -149,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in names:
         if name in CONFIGS:
-            flags, expect_ok = CONFIGS[name][0] + extra, True
+            flags, expect_ok = overridden(CONFIGS[name][0], extra), True
         elif name in BUGS:
-            flags, expect_ok = extra + bug_flags(name), False
+            flags, expect_ok = bug_flags(name, extra), False
         else:
             print(f"model: no configuration or seeded bug named {name!r}", file=sys.stderr)
             return 2

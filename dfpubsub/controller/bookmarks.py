@@ -83,9 +83,9 @@ class FeedIds:
 class _Stream:
     #: The last sequence applied, or passed over by a resync request.
     applied: int = 0
-    #: The anchor's sequence (-1: none) and revision.
+    #: The anchor's sequence (-1: none). Its revision is the position it was taken at: a move
+    #: never needs it, since a bookmark moves a position only forward.
     seq: int = -1
-    rev: int = 0
     #: Every sequence from 1 to ``applied`` was applied in order, none passed over.
     whole: bool = True
     #: A replay was asked for to anchor this stream (not again until it anchors).
@@ -134,13 +134,13 @@ class FeedStreams:
         for ident in [i for i in self._streams if i[0] == publisher_id]:
             del self._streams[ident]
 
-    def repaired(self, topics: Iterable[str], position: int) -> None:
-        """A complete repair brought ``topics`` to ``position``: anchor every known feed's streams
+    def repaired(self, topics: Iterable[str]) -> None:
+        """A complete repair brought ``topics`` to its position: anchor every known feed's streams
         of them at their last applied sequence."""
         for pid in self._feeds:
             for topic in topics:
                 st = self._stream(pid, topic)
-                st.seq, st.rev, st.asked = st.applied, position, False
+                st.seq, st.asked = st.applied, False
 
     def bookmark(self, bookmark: Bookmark, positions: dict[str, int]) -> tuple[dict[str, int], set[str]]:
         """What ``bookmark`` proves: the topics whose position it moves (to its revision), and the
@@ -167,7 +167,7 @@ class FeedStreams:
                     moved[topic] = rev
                 continue
             if st.whole and rev <= position:
-                st.seq, st.rev, st.asked = q, rev, False
+                st.seq, st.asked = q, False
             elif not st.asked:
                 st.asked = True
                 unanchored.add(topic)

@@ -518,7 +518,7 @@ class Controller:
                     positions[topic] = done.position
                 self._proven = dict(positions)
                 if done.complete and self.feed_streams is not None:
-                    self.feed_streams.repaired(covered, done.position)
+                    self.feed_streams.repaired(covered)
                 self.stats.inc("replays", reason=cause)
                 self.stats.inc("replay_entries", done.entries)
                 self.stats.inc("replay_objects", done.objects)
@@ -548,7 +548,7 @@ class Controller:
             positions[topic] = found.revision
         self._proven = dict(positions)
         if self.feed_streams is not None:  # a listing reflects every write committed before it began
-            self.feed_streams.repaired(topics, found.revision)
+            self.feed_streams.repaired(topics)
         self.stats.inc("relists", reason=cause)
         self.stats.inc("relist_objects", found.objects)
         self.stats.inc("relist_pages", found.pages)

@@ -94,7 +94,7 @@ def mark(seqs, rev, pid=FEED):
 def test_a_complete_repair_anchors_and_an_unbroken_stream_then_moves_the_position_on_each_bookmark():
     fs = streams()
     fs.applied(FEED, "port", 1, 3)
-    fs.repaired({"port"}, 50)
+    fs.repaired({"port"})
     fs.applied(FEED, "port", 4, 6)
     assert fs.bookmark(mark({"port": 6}, 70), {"port": 50}) == ({"port": 70}, set())
     fs.applied(FEED, "port", 7, 7)
@@ -104,29 +104,29 @@ def test_a_complete_repair_anchors_and_an_unbroken_stream_then_moves_the_positio
 def test_an_envelope_that_does_not_follow_the_last_one_stops_the_position_until_the_next_repair():
     fs = streams()
     fs.applied(FEED, "port", 1, 3)
-    fs.repaired({"port"}, 50)
+    fs.repaired({"port"})
     fs.applied(FEED, "port", 5, 5)  # 4 never came
     moved, ask = fs.bookmark(mark({"port": 5}, 70), {"port": 50})
     assert moved == {} and ask == {"port"}  # a replay is asked for once...
     assert fs.bookmark(mark({"port": 5}, 71), {"port": 50}) == ({}, set())  # ...not again
-    fs.repaired({"port"}, 71)
+    fs.repaired({"port"})
     assert fs.bookmark(mark({"port": 5}, 80), {"port": 71}) == ({"port": 80}, set())
 
 
 def test_numbers_passed_over_by_a_resync_request_break_the_stream():
     fs = streams()
-    fs.repaired({"port"}, 10)
+    fs.repaired({"port"})
     fs.applied(FEED, "port", 1, 2)
     fs.passed(FEED, "port", 4)  # 3 and 4 given up on: the hello said 4, nothing came
     assert fs.bookmark(mark({"port": 4}, 30), {"port": 10})[0] == {}
-    fs.repaired({"port"}, 30)  # the repair of that gap: now anchored at 4
+    fs.repaired({"port"})  # the repair of that gap: now anchored at 4
     fs.applied(FEED, "port", 5, 5)
     assert fs.bookmark(mark({"port": 5}, 40), {"port": 30})[0] == {"port": 40}
 
 
 def test_a_bookmark_ahead_of_what_was_applied_proves_nothing():
     fs = streams()
-    fs.repaired({"port"}, 10)
+    fs.repaired({"port"})
     fs.applied(FEED, "port", 1, 2)
     assert fs.bookmark(mark({"port": 3}, 30), {"port": 10})[0] == {}
     fs.applied(FEED, "port", 4, 4)  # and 3 is not taken as applied after it
@@ -152,7 +152,7 @@ def test_a_stream_met_mid_stream_is_not_anchored_by_a_bookmark_whose_sequence_ma
     assert moved == {} and ask == {"port"}  # no anchor: a replay reads what 1..6 carried
     fs.applied(FEED, "port", 8, 8)
     assert fs.bookmark(mark({"port": 8}, 2027), {"port": 2023}) == ({}, set())
-    fs.repaired({"port"}, 2027)  # that replay: anchored at 8
+    fs.repaired({"port"})  # that replay: anchored at 8
     fs.applied(FEED, "port", 9, 9)
     assert fs.bookmark(mark({"port": 9}, 2030), {"port": 2027}) == ({"port": 2030}, set())
 
@@ -173,7 +173,7 @@ def test_the_anchor_stays_where_a_repair_put_it_while_bookmarks_move_the_positio
     # Taken as the anchor, it would vouch for nothing it did not see; it moves the position only.
     fs = streams()
     fs.applied(FEED, "port", 1, 3)
-    fs.repaired({"port"}, 50)
+    fs.repaired({"port"})
     fs.applied(FEED, "port", 4, 6)
     assert fs.bookmark(mark({"port": 6}, 70), {"port": 50}) == ({"port": 70}, set())
     assert fs.bookmark(mark({"port": 4}, 75), {"port": 70}) == ({"port": 75}, set())  # still after 3
@@ -190,7 +190,7 @@ def test_an_idle_topic_moves_with_the_bookmarks_and_a_fresh_bookmark_at_the_posi
 def test_an_older_bookmark_than_the_anchor_moves_nothing_back():
     fs = streams()
     fs.applied(FEED, "port", 1, 5)
-    fs.repaired({"port"}, 50)
+    fs.repaired({"port"})
     assert fs.bookmark(mark({"port": 3}, 40), {"port": 50}) == ({}, set())
     assert fs.bookmark(mark({"port": 5}, 45), {"port": 50}) == ({}, set())  # below the position: no move
 
@@ -198,7 +198,7 @@ def test_an_older_bookmark_than_the_anchor_moves_nothing_back():
 def test_a_forgotten_publisher_proves_nothing_until_it_is_anchored_again():
     fs = streams()
     fs.applied(FEED, "port", 1, 1)
-    fs.repaired({"port"}, 5)
+    fs.repaired({"port"})
     fs.forget(FEED)
     fs.applied(FEED, "port", 2, 2)  # same id again: a fresh stream, not anchored
     assert fs.bookmark(mark({"port": 2}, 9), {"port": 5})[0] == {}
