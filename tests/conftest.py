@@ -37,9 +37,10 @@ def soak(request: pytest.FixtureRequest) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A chaos test runs alone unless its module says ``beside``: a new chaos test is safe by default."""
     chaos = Path(__file__).parent / "chaos"
     for item in items:
-        if item.path.is_relative_to(chaos):
+        if item.path.is_relative_to(chaos) and item.get_closest_marker("beside") is None:
             item.add_marker("alone")
 
 

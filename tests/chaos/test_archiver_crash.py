@@ -16,6 +16,9 @@ from dfpubsub.metrics import Stats  # noqa: E402
 from tests.conftest import free_port, wait_for  # noqa: E402
 from tests.functional.pipeline.archiver_helpers import ArchiverProcess, journal_files, journaled, published_rows  # noqa: E402
 
+# What is on disk after a kill, not when: it runs beside other tests.
+pytestmark = pytest.mark.beside
+
 
 def on_disk(log):
     """(publisher id, seq) of every row a reader or a recovery can find: segments and journals."""

@@ -34,6 +34,9 @@ from dfpubsub.store import open_store
 from dfpubsub.testing.servers import RedisServer
 from tests.conftest import wait_for
 
+# Whether every committed write arrives, not how fast: the kills follow counted writes.
+pytestmark = pytest.mark.beside
+
 #: Kills per run (four times as many under ``--soak``): with the old df-feed, ``feed`` mode lost a
 #: write at nearly every one.
 KILLS = 5
@@ -119,7 +122,7 @@ def test_committed_creates_reach_the_controller_while_the_store_is_killed_and_re
         def cached():
             return {o.key: o.version for o in ctrl.cache.items("port")}
 
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # room for a machine busy with other tests: a miss never arrives
         while cached() != truth and time.monotonic() < deadline:
             time.sleep(0.05)
         missing = sorted(set(truth) - set(cached()))
@@ -129,7 +132,7 @@ def test_committed_creates_reach_the_controller_while_the_store_is_killed_and_re
         # The feed published every committed write itself, whatever NbApi did, each once (it
         # counts a batch once it was handed on, which may come just after the cache has it).
         wait_for(lambda: feed.position >= max(truth.values()), what="the feed to reach the last write")
-        wait_for(lambda: feed_stats.get("feed_entries") >= len(truth), timeout=2,
+        wait_for(lambda: feed_stats.get("feed_entries") >= len(truth), timeout=10,
                  what=f"the feed to publish every committed write ({feed_stats.snapshot()})")
         assert feed_stats.get("feed_entries") == len(truth), feed_stats.snapshot()
     finally:

@@ -26,6 +26,9 @@ from dfpubsub.queues import open_queues
 from dfpubsub.store import open_store
 from tests.conftest import wait_for
 
+# What a kill loses and what comes back, not when: the kills follow counted writes.
+pytestmark = pytest.mark.beside
+
 TABLES = ["port"]
 KEYS = 12
 STALE_AFTER = 2.0
