@@ -66,14 +66,22 @@ def version_of(message):
 
 
 def check_exactly_once_in_key_order(messages, sent):
-    """Zero lost, zero duplicated, and each object's versions in the order sent."""
+    """Zero lost, zero duplicated, and each object's versions in the order sent. A failure says
+    which versions are missing or doubled, and where the consumed offsets of each partition jump
+    (a hole in the offsets read: the consumer skipped records the log has, or the log lacks them)."""
     by_key = defaultdict(list)
+    offsets = defaultdict(list)
     for m in messages:
         by_key[m.key().decode()].append(version_of(m))
+        offsets[m.partition()].append(m.offset())
     expected = defaultdict(list)
     for n in sent:
         expected[f"{n.bucket}/{n.key}"].append(n.version)
-    assert dict(by_key) == dict(expected)
+    missing = {k: sorted(set(v) - set(by_key[k])) for k, v in expected.items() if set(v) - set(by_key[k])}
+    doubled = {k: len(v) - len(set(v)) for k, v in by_key.items() if len(v) != len(set(v))}
+    jumps = {p: [(a, b) for a, b in zip(sorted(o), sorted(o)[1:]) if b != a + 1] for p, o in offsets.items()}
+    assert dict(by_key) == dict(expected), (
+        f"missing {missing}; doubled {doubled}; offset jumps {({p: j for p, j in jumps.items() if j})}")
 
 
 def test_s3_records_keyed_by_object_in_order(cluster):
