@@ -25,4 +25,4 @@ def test_a_seeded_bug_is_refuted(bug, tmp_path):
     assert got.trail_path.exists() and "assertion violated" in got.trail, got.trail
     # The rule the bug breaks, not another that fails first (a rule failing without the bug too
     # once passed for BUG_BOOKMARK_MIDSTREAM's refutation: docs/model.md, "Findings").
-    assert got.refutes(bug), f"{bug}: another rule failed, not {BUGS[bug][3]!r}:\n{got.trail}"
+    assert got.refutes(bug), f"{bug}: another rule failed, not {BUGS[bug][2]!r}:\n{got.trail}"

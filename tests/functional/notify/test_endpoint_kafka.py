@@ -77,11 +77,18 @@ def check_exactly_once_in_key_order(messages, sent):
     expected = defaultdict(list)
     for n in sent:
         expected[f"{n.bucket}/{n.key}"].append(n.version)
-    missing = {k: sorted(set(v) - set(by_key[k])) for k, v in expected.items() if set(v) - set(by_key[k])}
-    doubled = {k: len(v) - len(set(v)) for k, v in by_key.items() if len(v) != len(set(v))}
-    jumps = {p: [(a, b) for a, b in zip(sorted(o), sorted(o)[1:]) if b != a + 1] for p, o in offsets.items()}
-    assert dict(by_key) == dict(expected), (
-        f"missing {missing}; doubled {doubled}; offset jumps {({p: j for p, j in jumps.items() if j})}")
+    got, want = dict(by_key), dict(expected)
+    assert got == want, _difference(got, want, offsets)
+
+
+def _difference(got, want, offsets):
+    """What an exactly-once check found instead: versions missing or doubled, and where the offsets
+    read from each partition jump."""
+    missing = {k: m for k, v in want.items() if (m := sorted(set(v) - set(got.get(k, ()))))}
+    doubled = {k: len(v) - len(set(v)) for k, v in got.items() if len(v) != len(set(v))}
+    jumps = {p: j for p, o in offsets.items()
+             if (j := [(a, b) for a, b in zip(sorted(o), sorted(o)[1:]) if b != a + 1])}
+    return f"missing {missing}; doubled {doubled}; offset jumps {jumps}"
 
 
 def test_s3_records_keyed_by_object_in_order(cluster):
