@@ -5,8 +5,9 @@ confluent-kafka wheel) serves the real Kafka wire protocol on loopback ports,
 so the code under test connects to it as to any cluster. confluent-kafka does
 not expose the mock API in Python, so it is called here through ctypes on the
 very library the wheel ships: injected request errors, brokers down and up,
-leader changes. What it does not model (replication, disks, controller
-failover) is said in docs/endpoints.md. Installed as ``dfpubsub.testing.kafka_mock``.
+leader changes, slow brokers. What it does not model (replication, disks,
+controller failover, the sequence check of an idempotent producer that is not
+transactional) is said in docs/endpoints.md. Installed as ``dfpubsub.testing.kafka_mock``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def _library() -> ctypes.CDLL:
     lib.rd_kafka_mock_topic_create.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
     lib.rd_kafka_mock_broker_set_down.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rd_kafka_mock_broker_set_up.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.rd_kafka_mock_broker_set_rtt.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int]
     lib.rd_kafka_mock_partition_set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
                                                        ctypes.c_int32]
     return lib
@@ -100,6 +102,10 @@ class MockKafkaCluster:
 
     def broker_up(self, broker_id: int) -> None:
         self._check(self._lib.rd_kafka_mock_broker_set_up(self._cluster, broker_id), "broker_set_up")
+
+    def set_rtt(self, broker_id: int, rtt_ms: int) -> None:
+        """Delay the broker's responses by ``rtt_ms`` (several requests are then in flight at once)."""
+        self._check(self._lib.rd_kafka_mock_broker_set_rtt(self._cluster, broker_id, rtt_ms), "broker_set_rtt")
 
     def set_leader(self, topic: str, partition: int, broker_id: int) -> None:
         """Move the partition's leadership (-1: no leader, the partition is unavailable)."""

@@ -14,8 +14,9 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
-from confluent_kafka import Consumer  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
 
+from dfpubsub.endpoints import kafka as kafka_endpoint  # noqa: E402
 from dfpubsub.endpoints import open_endpoint  # noqa: E402
 from dfpubsub.errors import EndpointConfigError, EndpointError  # noqa: E402
 from dfpubsub.notify import NotificationRegistry, Topic, event_name  # noqa: E402
@@ -36,6 +37,38 @@ def cluster():
         yield c
 
 
+@pytest.fixture
+def unplaced(monkeypatch):
+    """(key, version) of every message the producer reported delivered without an offset.
+
+    librdkafka acks such a message implicitly: a later batch of its partition succeeded, and a
+    broker accepts a batch only after every earlier sequence of the same producer (KIP-98), so
+    the earlier one must be in the log (``rd_kafka_dr_implicit_ack``). The mock checks sequences
+    only for transactional producers (``rd_kafka_mock_validate_records``): a batch it failed by
+    injection stays out while the next one goes in, and the implicit ack reports a message it
+    never wrote. That is the mock's gap, not the endpoint's: the checks below hold every message
+    the cluster placed to exactly once, and allow missing only messages acked this way. A test
+    may set ``kafka_endpoint.Producer.pause`` to space the messages out, so that a partition has
+    several batches in flight (as when a loaded machine is slow to produce)."""
+    found: set[tuple[str, int]] = set()
+
+    class RecordingProducer(Producer):
+        pause = 0.0
+
+        def produce(self, *args, on_delivery=None, **kwargs):
+            if self.pause:
+                time.sleep(self.pause)
+
+            def report(err, msg):
+                if err is None and msg.offset() is None:
+                    found.add((msg.key().decode(), version_of(msg)))
+                on_delivery(err, msg)
+            return super().produce(*args, on_delivery=report, **kwargs)
+
+    monkeypatch.setattr(kafka_endpoint, "Producer", RecordingProducer)
+    return found
+
+
 def notifications(n, topic="images", keys=KEYS, start=0):
     """``n`` changes round-robin over ``keys`` objects; versions count up per object."""
     return [make_notification(topic, "s3:ObjectCreated:Put", "update", "media", f"obj-{i % keys}", 1 + i, {"i": i})
@@ -53,9 +86,11 @@ def consume(cluster, topic, want, timeout=20.0):
             for m in c.consume(1000, 0.5):
                 if m.error() is None:
                     out.append(m)
-        for m in c.consume(1000, 0.5):  # anything beyond ``want`` (duplicates) shows here
-            if m.error() is None:
-                out.append(m)
+        while time.monotonic() < deadline:  # anything beyond ``want`` (duplicates) shows here
+            more = [m for m in c.consume(1000, 0.5) if m.error() is None]
+            if not more:
+                break
+            out.extend(more)
     finally:
         c.close()
     return out
@@ -65,10 +100,11 @@ def version_of(message):
     return int(json.loads(message.value())["Records"][0]["s3"]["object"]["versionId"])
 
 
-def check_exactly_once_in_key_order(messages, sent):
-    """Zero lost, zero duplicated, and each object's versions in the order sent. A failure says
-    which versions are missing or doubled, and where the consumed offsets of each partition jump
-    (a hole in the offsets read: the consumer skipped records the log has, or the log lacks them)."""
+def check_exactly_once_in_key_order(messages, sent, unplaced=frozenset()):
+    """Zero lost, zero duplicated, and each object's versions in the order sent; a message in
+    ``unplaced`` (acked without an offset, see the fixture) may be missing. A failure says which
+    versions are missing or doubled, and where the consumed offsets of each partition jump (a
+    hole in the offsets read: the consumer skipped records the log has, or the log lacks them)."""
     by_key = defaultdict(list)
     offsets = defaultdict(list)
     for m in messages:
@@ -76,7 +112,8 @@ def check_exactly_once_in_key_order(messages, sent):
         offsets[m.partition()].append(m.offset())
     expected = defaultdict(list)
     for n in sent:
-        expected[f"{n.bucket}/{n.key}"].append(n.version)
+        if (key := f"{n.bucket}/{n.key}", n.version) not in unplaced or n.version in by_key.get(key, ()):
+            expected[key].append(n.version)
     got, want = dict(by_key), dict(expected)
     assert got == want, _difference(got, want, offsets)
 
@@ -124,8 +161,11 @@ def test_cloudevents_binary_mode_headers(cluster):
     assert json.loads(got[0].value())["key"] == "obj-0"
 
 
-def test_injected_request_errors_lose_and_duplicate_nothing(cluster):
+def test_injected_request_errors_lose_and_duplicate_nothing(cluster, unplaced):
     cluster.create_topic("images", 4)
+    for broker in (1, 2, 3):  # several requests of a partition in flight when one fails
+        cluster.set_rtt(broker, 20)
+    kafka_endpoint.Producer.pause = 0.0005
     sent = notifications(3000)
     retriable = [KafkaErr.NOT_LEADER_FOR_PARTITION, KafkaErr.REQUEST_TIMED_OUT, KafkaErr.NOT_ENOUGH_REPLICAS,
                  KafkaErr.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaErr.LEADER_NOT_AVAILABLE]
@@ -137,10 +177,10 @@ def test_injected_request_errors_lose_and_duplicate_nothing(cluster):
                 await ep.send(sent[i:i + 500])
 
     asyncio.run(go())
-    check_exactly_once_in_key_order(consume(cluster, "images", len(sent)), sent)
+    check_exactly_once_in_key_order(consume(cluster, "images", len(sent) - len(unplaced)), sent, unplaced)
 
 
-def test_broker_down_and_back_and_leader_changes_lose_and_duplicate_nothing(cluster):
+def test_broker_down_and_back_and_leader_changes_lose_and_duplicate_nothing(cluster, unplaced):
     cluster.create_topic("images", 4)
     sent = notifications(4000)
     faults_done = threading.Event()
@@ -171,7 +211,7 @@ def test_broker_down_and_back_and_leader_changes_lose_and_duplicate_nothing(clus
 
     asyncio.run(go())
     assert faults_done.is_set()
-    check_exactly_once_in_key_order(consume(cluster, "images", len(sent)), sent)
+    check_exactly_once_in_key_order(consume(cluster, "images", len(sent) - len(unplaced)), sent, unplaced)
 
 
 def test_a_partition_without_leader_past_the_timeout_is_an_error_naming_what_was_acked(cluster):
@@ -201,7 +241,7 @@ def test_a_partition_without_leader_past_the_timeout_is_an_error_naming_what_was
     assert len(consume(cluster, "images", 5)) == 5
 
 
-def test_a_queue_entry_leaves_only_after_its_delivery_report(cluster, tmp_path):
+def test_a_queue_entry_leaves_only_after_its_delivery_report(cluster, tmp_path, unplaced):
     cluster.create_topic("images", 4)
     queues = open_queues(f"sqlite:///{tmp_path}/q.sqlite")
     registry = NotificationRegistry(queues)
@@ -226,10 +266,12 @@ def test_a_queue_entry_leaves_only_after_its_delivery_report(cluster, tmp_path):
             cluster.broker_up(broker)
         wait_for(lambda: registry.topic_stats("images").entries == 0, timeout=60, what="the queue to drain")
     queues.close()
-    got = consume(cluster, "images", 500)
+    got = consume(cluster, "images", 500 - len(unplaced))
     keys = {m.key().decode() for m in got}
     assert keys == {f"media/obj-{i}" for i in range(KEYS)}
-    assert {version_of(m) for m in got} == {n.version for n in sent}  # nothing lost
+    versions = {version_of(m) for m in got}
+    assert versions <= {n.version for n in sent}
+    assert {n.version for n in sent} - versions <= {v for _, v in unplaced}  # nothing lost
 
 
 @pytest.mark.parametrize("url, options, match", [
