@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = ["BUGS", "CONFIGS", "MODEL", "Outcome", "bug_flags", "verify"]
 
@@ -37,21 +38,29 @@ CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
                 "NbApi alone through a channel that also duplicates, a checkpoint"),
 }
 
-#: seeded bug -> (the configuration that must refute it, the mistake it reintroduces, the assertion
-#: that must fail: a piece of its text as spin prints it, so that another rule failing first is not
-#: taken for the bug's refutation)
+
+class Bug(NamedTuple):
+    """A seeded bug: the configuration that must refute it, the mistake it reintroduces, and the
+    assertion that must fail (a piece of its text as spin prints it, so that another rule failing
+    first is not taken for the bug's refutation)."""
+
+    config: str
+    mistake: str
+    rule: str
+
+
 EQUAL = "cver[rk]==sver[rk]"  # after every repair the cache equals the store; no write missed silently
-BUGS: dict[str, tuple[str, str, str]] = {
-    "BUG_HOLE_DELIVER": ("channel", "an envelope that arrives inside a given-up hole is delivered",
-                         "sdel["),  # delivery in sequence order
-    "BUG_TOMB_MAX": ("adversary", "a repair's tombstone keeps max(version, position), not min",
-                     "cver[rk]!=15"),  # a forged version lasts only until the next repair
-    "BUG_RELIST_SOME": ("feed", "a history_gone relist relists only the topics asked for",
-                        "relist_trims!=trims"),  # no livelock of repairs
-    "BUG_PROGRESS_AHEAD": ("feed", "the replay's reader reaches the head before the entries "
-                                   "(etcd's progress notifications)", EQUAL),
-    "BUG_FEED_DROP": ("feed", "df-feed drops a batch whose publishing failed (issue 45)", EQUAL),
-    "BUG_NO_FLOOR": ("feed", "the controller applies an event at or below its topic's position", EQUAL),
+BUGS: dict[str, Bug] = {
+    "BUG_HOLE_DELIVER": Bug("channel", "an envelope that arrives inside a given-up hole is delivered",
+                            "sdel["),  # delivery in sequence order
+    "BUG_TOMB_MAX": Bug("adversary", "a repair's tombstone keeps max(version, position), not min",
+                        "cver[rk]!=15"),  # a forged version lasts only until the next repair
+    "BUG_RELIST_SOME": Bug("feed", "a history_gone relist relists only the topics asked for",
+                           "relist_trims!=trims"),  # no livelock of repairs
+    "BUG_PROGRESS_AHEAD": Bug("feed", "the replay's reader reaches the head before the entries "
+                                      "(etcd's progress notifications)", EQUAL),
+    "BUG_FEED_DROP": Bug("feed", "df-feed drops a batch whose publishing failed (issue 45)", EQUAL),
+    "BUG_NO_FLOOR": Bug("feed", "the controller applies an event at or below its topic's position", EQUAL),
 }
 
 
@@ -64,7 +73,7 @@ def overridden(flags: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...
 
 def bug_flags(bug: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The -D flags that put ``bug`` back in its configuration (with ``extra`` besides)."""
-    return overridden(CONFIGS[BUGS[bug][0]][0], (*extra, f"-D{bug}"))
+    return overridden(CONFIGS[BUGS[bug].config][0], (*extra, f"-D{bug}"))
 
 
 @dataclass
@@ -87,7 +96,7 @@ class Outcome:
 
     def refutes(self, bug: str) -> bool:
         """Whether this run found ``bug``: the rule the bug breaks failed (not another one first)."""
-        return self.errors > 0 and BUGS[bug][2] in self.trail
+        return self.errors > 0 and BUGS[bug].rule in self.trail
 
     @property
     def trail_path(self) -> Path:

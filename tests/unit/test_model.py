@@ -19,10 +19,10 @@ def test_the_model_verifies(name, tmp_path):
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_seeded_bug_is_refuted(bug, tmp_path):
-    config = BUGS[bug][0]
+    config = BUGS[bug].config
     got = verify(bug_flags(bug), tmp_path)
-    assert got.errors > 0, f"{bug} ({BUGS[bug][1]}) went unnoticed in {config}: {got.states} states"
+    assert got.errors > 0, f"{bug} ({BUGS[bug].mistake}) went unnoticed in {config}: {got.states} states"
     assert got.trail_path.exists() and "assertion violated" in got.trail, got.trail
     # The rule the bug breaks, not another that fails first (a rule failing without the bug too
     # once passed for BUG_BOOKMARK_MIDSTREAM's refutation: docs/model.md, "Findings").
-    assert got.refutes(bug), f"{bug}: another rule failed, not {BUGS[bug][2]!r}:\n{got.trail}"
+    assert got.refutes(bug), f"{bug}: another rule failed, not {BUGS[bug].rule!r}:\n{got.trail}"
