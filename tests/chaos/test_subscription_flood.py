@@ -18,7 +18,7 @@ from tests.functional.zmq_helpers import Sink
 HERE = Path(__file__).resolve().parent
 ROUNDS, SOAK_ROUNDS = 2, 5
 #: Seconds the attacker stays connected, reading nothing, after its flood.
-STAY = 10.0
+STAY = 5.0
 #: RSS growth allowed while a flood lasts and once the attacker left (MB).
 DURING, AFTER = 64.0, 16.0
 
