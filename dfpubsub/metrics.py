@@ -38,7 +38,7 @@ COUNTERS: dict[str, str] = {
     "duplicates": "Events dropped as duplicates.",
     "gaps": "Sequence gaps opened.",
     "gaps_filled": "Gaps closed by late messages within the delay window.",
-    "streams_rebased": "Streams stepped down to a publisher's real sequence inside a run only a hello claimed (a forged number, or late).",
+    "streams_rebased": "Streams stepped down to the start of a run only a hello claimed, by a frame inside it (a forged claim, or late): the numbers below the frame are then a gap.",
     "streams_restarted": "Streams started anew at a number more than max_seq_jump below the expected one (a forged number).",
     "strings_clamped": "Strings from the wire kept shortened, by field (pub, name, host).",
     "resync_requests": "Resyncs requested, by reason.",

@@ -61,10 +61,11 @@ class _Stream:
     held: dict[int, EventBatch] = field(default_factory=dict)
     deadline: float | None = None
     #: When not 0, the numbers [claimed_from, next) were passed on a hello's word alone and
-    #: nothing at or above them was received since (a first contact by a hello, or a gap only a
+    #: nothing at or above them was delivered since (a first contact by a hello, or a gap only a
     #: hello claimed, given up). An envelope or a hello inside that run shows where the publisher
     #: really is (the claim was someone else's, or the run arrives late): the stream steps down
-    #: to it. Nothing above it was delivered, so stepping down keeps delivery in order, never
+    #: to the run's start and waits for the numbers up to the frame (:meth:`_step_down`).
+    #: Nothing above the run was delivered, so stepping down keeps delivery in order, never
     #: twice; the first envelope delivered closes the run (protocol.md §8.6).
     claimed_from: int = 0
     #: The first hole [hole_from, hole_to] of the last gap given up on with envelopes held
@@ -138,10 +139,10 @@ class SequenceTracker:
                 st = peer.streams[topic] = _Stream(next=1)
             else:
                 st = self._first_contact(pid, peer, topic, batch.seq)
-        if batch.seq > st.next:
-            return self._hold(pid, topic, st, batch, now)
         if batch.seq < st.next:
             st = self._below(pid, peer, topic, st, batch)
+        if batch.seq > st.next:  # ahead, or inside a claimed run above its start
+            return self._hold(pid, topic, st, batch, now)
         out: list[EventBatch] = []
         self._append_new(st, batch, out)
         if st.held:
@@ -157,8 +158,7 @@ class SequenceTracker:
         """An envelope that starts below ``next``: step down, restart, or a late one in a hole
         (protocol.md §8.3 step 4); the part at or above ``next`` is delivered all the same."""
         if st.claimed_from and st.claimed_from <= batch.seq:
-            st.next = batch.seq  # see _Stream.claimed_from
-            self.stats.inc("streams_rebased")
+            self._step_down(st)
         elif st.next - batch.seq > self.limits.max_seq_jump:
             return self._restart(pid, peer, topic, batch.seq)
         elif st.hole_from <= batch.seq <= st.hole_to:
@@ -190,10 +190,10 @@ class SequenceTracker:
                 if seq > 0:
                     st.claimed_from = 1
             elif st.claimed_from and st.claimed_from <= seq + 1 < st.next:
-                st.next = seq + 1  # see _Stream.claimed_from
-                if st.next == st.claimed_from:
-                    st.claimed_from = 0
-                self.stats.inc("streams_rebased")
+                self._step_down(st)
+                if seq >= st.next:  # it sent numbers of the run: lost, or still in flight
+                    st.high = max(st.high, seq)
+                    self._open_gap(pid, topic, st, now)
             elif st.next - (seq + 1) > self.limits.max_seq_jump:
                 # Taken up like a first contact by this hello, whose claim may be false too.
                 self._restart(pid, peer, topic, seq + 1).claimed_from = 1 if seq > 0 else 0
@@ -337,6 +337,20 @@ class SequenceTracker:
         self.stats.inc("streams_restarted")
         self._request(topic, "seq_jump", pid, None)
         return st
+
+    def _step_down(self, st: _Stream) -> None:
+        """A frame inside the stream's claimed run shows where its publisher really is: the claim
+        was someone else's, or the run arrives late. Back to the run's start: the numbers of the
+        run below the frame were passed on the claim's word, and the resync that pass asked for
+        covers them only if they were sent before it ran, which a false claim does not say (a
+        forged hello ahead, its gap given up and resynced, then the real publisher's next envelope
+        lost). So they are waited for like any gap, and given up and resynced if they do not come
+        (protocol.md §8.6). With no gap open, ``high`` goes back below the run too: a number a
+        false claim put there must not make the real publisher's next hello look stale."""
+        st.next, st.claimed_from = st.claimed_from, 0
+        if st.deadline is None:
+            st.high = st.next - 1
+        self.stats.inc("streams_rebased")
 
     def _release(self, st: _Stream) -> None:
         self._held_bytes -= sum(_size(b) for b in st.held.values())

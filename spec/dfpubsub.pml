@@ -99,6 +99,7 @@ bool storefail;         /* the store already failed once under the feed */
 int ch[CH];
 byte dups;
 byte adv;
+bool advenv;            /* ghost: an envelope was forged with a running publisher's id */
 byte nhello;
 
 /* message = kind (bits 0-1) | publisher (2-3) | event: topic (4), seq (5-7)
@@ -532,6 +533,22 @@ inline hold(pp, tt, qq) {               /* §8.6 Hold */
   fi
 }
 
+/* SequenceTracker._step_down, §8.6: a frame inside the claimed run; back to the run's start,
+   whose numbers below the frame are waited for like any gap; with no gap open, high goes back
+   below the run (a number a false claim put there must not make the next hello stale) */
+inline step_down(pp, tt) {
+  snext[SX(pp, tt)] = sclaim[SX(pp, tt)];
+  sclaim[SX(pp, tt)] = 0;
+  if
+  :: !sgap[SX(pp, tt)] -> shigh[SX(pp, tt)] = snext[SX(pp, tt)] - 1
+  :: else -> skip
+  fi;
+  if                                    /* it may deliver numbers a request passed over: no anchor */
+  :: pp == FEED -> clean[tt] = 0
+  :: else -> skip
+  fi
+}
+
 inline on_batch(pp, tt, qq) {           /* SequenceTracker.on_batch, §8.3 */
   known[pp] = 1;
   if
@@ -540,27 +557,28 @@ inline on_batch(pp, tt, qq) {           /* SequenceTracker.on_batch, §8.3 */
   :: else -> skip
   fi;
   if
-  :: qq > snext[SX(pp, tt)] -> hold(pp, tt, qq)
-  :: else ->
+  :: qq < snext[SX(pp, tt)] ->          /* _below */
      if
-     :: qq < snext[SX(pp, tt)] ->       /* _below */
-        if
-        :: sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq -> snext[SX(pp, tt)] = qq;  /* step down */
-           if                           /* it delivers numbers a request passed over: no anchor */
-           :: pp == FEED -> clean[tt] = 0
-           :: else -> skip
-           fi
-        :: !(sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq) && snext[SX(pp, tt)] - qq > J ->
-           restart(pp, tt, qq)
-        :: !(sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq) && snext[SX(pp, tt)] - qq <= J && shf[SX(pp, tt)] <= qq && qq <= sht[SX(pp, tt)] ->
-           request(tt, pp, qq, 0)       /* late [s, min(l, b)] = [s, s] */
-#ifdef BUG_HOLE_DELIVER
-           ; snext[SX(pp, tt)] = qq      /* delivered out of order */
+     :: sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq ->
+#ifdef BUG_STEP_DOWN_PASSES
+        snext[SX(pp, tt)] = qq          /* to the frame: the run below it passed silently */
+#else
+        step_down(pp, tt)
 #endif
-        :: else -> skip
-        fi
+     :: !(sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq) && snext[SX(pp, tt)] - qq > J ->
+        restart(pp, tt, qq)
+     :: !(sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq) && snext[SX(pp, tt)] - qq <= J && shf[SX(pp, tt)] <= qq && qq <= sht[SX(pp, tt)] ->
+        request(tt, pp, qq, 0)          /* late [s, min(l, b)] = [s, s] */
+#ifdef BUG_HOLE_DELIVER
+        ; snext[SX(pp, tt)] = qq        /* delivered out of order */
+#endif
      :: else -> skip
-     fi;
+     fi
+  :: else -> skip
+  fi;
+  if
+  :: qq > snext[SX(pp, tt)] -> hold(pp, tt, qq)   /* ahead, or inside a claimed run above its start */
+  :: else ->
      append_new(pp, tt, qq);
      /* _drain */
      do
@@ -600,11 +618,24 @@ inline hello_topic(pp, tt, qq, prev) {
   :: else ->
      if
      :: sclaim[SX(pp, tt)] != 0 && sclaim[SX(pp, tt)] <= qq + 1 && qq + 1 < snext[SX(pp, tt)] ->
-        snext[SX(pp, tt)] = qq + 1;                              /* step down */
+#ifdef BUG_STEP_DOWN_PASSES
+        snext[SX(pp, tt)] = qq + 1;     /* to the frame: the run below it passed silently */
         if
         :: snext[SX(pp, tt)] == sclaim[SX(pp, tt)] -> sclaim[SX(pp, tt)] = 0
         :: else -> skip
         fi
+#else
+        step_down(pp, tt);
+        if
+        :: qq >= snext[SX(pp, tt)] ->   /* it sent numbers of the run: lost, or in flight */
+           if
+           :: qq > shigh[SX(pp, tt)] -> shigh[SX(pp, tt)] = qq
+           :: else -> skip
+           fi;
+           sgap[SX(pp, tt)] = 1
+        :: else -> skip
+        fi
+#endif
      :: else ->
         if
         :: snext[SX(pp, tt)] > qq + 1 && snext[SX(pp, tt)] - (qq + 1) > J ->
@@ -1109,7 +1140,7 @@ init {
        tq = sa; y = sb; z = sc; sa = 0; sb = 0; sc = 0; adv++;
        printf("STEP the adversary forges a frame (kind %d, topic %d, rev %d)\n", y, tq, z);
        if
-       :: y == 0 -> lver[LX(cur, tq, FAR)] = FORGED_V; send(MEV(cur, tq, FAR))
+       :: y == 0 -> lver[LX(cur, tq, FAR)] = FORGED_V; send(MEV(cur, tq, FAR)); advenv = 1
        :: y == 1 -> send(MHELLO(HELLO, cur, (tq == 0) * FAR, (tq == 1) * FAR, 0))
        :: y == 2 ->
           pseq[SX(FORGER, tq)]++; lver[LX(FORGER, tq, pseq[SX(FORGER, tq)])] = FORGED_V;
@@ -1192,15 +1223,33 @@ init {
   d_step {
     reach = head;
     rounds = 0;
-#if ADV > 0
-    ckpt = 1;
-#endif
     do
     :: want[0] || want[1] || ckpt -> repair(); rounds++
     :: else -> break
     od;
     /* Rule: no livelock of repairs once the channel stops losing */
+    assert(rounds < 3);
+#if ADV > 0
+    /* Rule: a forged claim costs a resync, never the real publisher's events (protocol.md §8.6):
+       before the checkpoint, what the cache holds differs from the store only by a forged
+       version, which nothing but a repair can find. (An envelope forged with a real publisher's
+       id can take the place of one of its real envelopes, whose own then is a duplicate: only
+       the checkpoint bounds that, security.md; docs/model.md "Findings".) */
+    rk = 0;
+    do
+    :: rk < NK ->
+       assert(advenv || cver[rk] == FORGED_V || (clive[rk] == slive[rk] && (!slive[rk] || cver[rk] == sver[rk])));
+       rk++
+    :: else -> break
+    od;
+    rounds = 0;
+    ckpt = 1;
+    do
+    :: want[0] || want[1] || ckpt -> repair(); rounds++
+    :: else -> break
+    od;
     assert(rounds < 3)
+#endif
   }
   /* Rule: no committed write is missed silently (reliability.md, protocol.md §8.6): every
      write is in the cache, or a repair covering it was asked for and made it so */

@@ -61,6 +61,8 @@ BUGS: dict[str, Bug] = {
                                       "(etcd's progress notifications)", EQUAL),
     "BUG_FEED_DROP": Bug("feed", "df-feed drops a batch whose publishing failed (issue 45)", EQUAL),
     "BUG_NO_FLOOR": Bug("feed", "the controller applies an event at or below its topic's position", EQUAL),
+    "BUG_STEP_DOWN_PASSES": Bug("adversary", "a frame inside a claimed run steps the stream down to itself, passing "
+                                             "the run below it", "advenv||"),  # a forged claim costs a resync only
 }
 
 

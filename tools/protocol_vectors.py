@@ -483,10 +483,36 @@ def scenarios() -> list[dict[str, Any]]:
          "resyncs": [["port", "gap_expired", PID, [3, 50000]]]},
         {"name": "a_first_contact_by_hello_steps_down",
          "note": "first contact by a hello at 9: 4 is inside the run the hello claimed and nothing above was "
-                 "received, so it is delivered; 4 again is a duplicate",
+                 "delivered, so the stream steps down to the run's start; 1-3 may have been sent after the "
+                 "first_seen resync (if the hello was not its publisher's), so they are a gap: 4 and 5 are held, "
+                 "4 again is a duplicate, and the gap expires as [1, 3]",
          "steps": [{"at": 0.0, "hex": _frame("hello", seqs=fmap(("port", 9)))}, {"at": 0.1, "hex": port(4)},
                    {"at": 0.2, "hex": port(5)}, {"at": 0.3, "hex": port(4)}, {"at": 1.0}],
-         "delivered": [[PID, "port", 4], [PID, "port", 5]], "resyncs": [["port", "first_seen", PID, [1, 9]]]},
+         "delivered": [[PID, "port", 4], [PID, "port", 5]],
+         "resyncs": [["port", "first_seen", PID, [1, 9]], ["port", "gap_expired", PID, [1, 3]]]},
+        {"name": "a_forged_claim_does_not_hide_a_loss_its_publishers_hello_reports",
+         "note": "a hello claims 7 after 1; its gap expires ([2, 7], resynced); the publisher's own hello at 2 is "
+                 "inside the claimed run: 2, lost and perhaps sent after that resync, is a gap like any other",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("hello", seqs=fmap(("port", 7)))},
+                   {"at": 0.7}, {"at": 0.8, "hex": _frame("hello", seqs=fmap(("port", 2)))}, {"at": 1.4},
+                   {"at": 1.5, "hex": port(3)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 3]],
+         "resyncs": [["port", "gap_expired", PID, [2, 7]], ["port", "gap_expired", PID, [2, 2]]]},
+        {"name": "a_forged_claim_does_not_hide_a_loss_its_publishers_envelope_shows",
+         "note": "after the claimed run [2, 7] is given up, envelope 3 steps the stream down to 2, not 3: it is "
+                 "held, and the gap [2, 2] expires",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("hello", seqs=fmap(("port", 7)))},
+                   {"at": 0.7}, {"at": 0.8, "hex": port(3)}, {"at": 1.4}, {"at": 1.5, "hex": port(4)}],
+         "delivered": [[PID, "port", 1], [PID, "port", 3], [PID, "port", 4]],
+         "resyncs": [["port", "gap_expired", PID, [2, 7]], ["port", "gap_expired", PID, [2, 2]]]},
+        {"name": "a_step_down_lowers_high_so_the_next_hello_is_not_stale",
+         "note": "after the claimed run [2, 7] is given up and 2 steps the stream down, the claim's 7 is no longer "
+                 "the stream's high: a hello at 4 (3 and 4 lost) opens a gap",
+         "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": _frame("hello", seqs=fmap(("port", 7)))},
+                   {"at": 0.7}, {"at": 0.8, "hex": port(2)}, {"at": 0.9, "hex": _frame("hello", seqs=fmap(("port", 4)))},
+                   {"at": 1.5}],
+         "delivered": [[PID, "port", 1], [PID, "port", 2]],
+         "resyncs": [["port", "gap_expired", PID, [2, 7]], ["port", "gap_expired", PID, [3, 4]]]},
         {"name": "a_jump_beyond_max_seq_jump_is_held_resynced_and_delivered",
          "note": "100003 is 100001 past next: a gap like any other, its envelope delivered when it expires",
          "steps": [{"at": 0.0, "hex": port(1)}, {"at": 0.1, "hex": port(100003)}, {"at": 0.59}, {"at": 0.61},

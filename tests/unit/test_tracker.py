@@ -313,11 +313,69 @@ def test_a_forged_first_contact_does_not_silence_the_real_publisher():
     # contact by that hello), then the real publisher's hello inside the run the forged one claimed.
     tr.on_batch(batch(2**62, pid="C"), 0.5)
     tr.on_hello(hello({"t": 50_000}, pid="C"), 0.6)
+    tr.pop_requests()
     tr.on_hello(hello({"t": 5}, pid="C"), 0.7)
-    assert seqs(tr.on_batch(batch(6, pid="C"), 0.8)) == [6]
+    # C really sent 1-5, none received here, perhaps after the resyncs: waited for, then resynced.
+    assert tr.on_batch(batch(6, pid="C"), 0.8) == [] and tr.gap_open("C", "t")
+    assert seqs(tr.tick(0.7 + WINDOW)) == [6]
+    assert [(r.publisher_id, r.reason, r.missing) for r in tr.pop_requests()] == [("C", "gap_expired", (1, 5))]
     # and once the real publisher delivered, a duplicate stays a duplicate, a forged number a gap
-    assert tr.on_batch(batch(6, pid="C"), 0.9) == [] and tr.on_batch(batch(2**62, pid="C"), 0.9) == []
+    assert tr.on_batch(batch(6, pid="C"), 1.3) == [] and tr.on_batch(batch(2**62, pid="C"), 1.3) == []
     assert tr.gap_open("C", "t")
+
+
+def _forged_hello_given_up(tr):
+    """P delivered 1; a hello forged with P's id claims 7; its gap expires (resync [2, 7]): the run
+    2-7 is claimed, and the repair that resync asks for runs now."""
+    tr.on_batch(batch(1), 0.0)
+    tr.on_hello(hello({"t": 7}), 0.1)
+    assert tr.tick(0.1 + WINDOW) == []
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("gap_expired", (2, 7))]
+
+
+def test_a_forged_claim_never_hides_the_real_publishers_loss_reported_by_its_hello():
+    # docs/model.md Findings: P's real envelope 2, sent after that repair, is lost; its idle hello
+    # at 2 is inside the claimed run. Stepping down to 3 passed 2 silently; now 2 is a gap.
+    tr = tracker()
+    _forged_hello_given_up(tr)
+    tr.on_hello(hello({"t": 2}), 1.0)
+    assert tr.gap_open("A", "t") and tr.stats.get("streams_rebased") == 1
+    tr.tick(1.0 + WINDOW)
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("gap_expired", (2, 2))]
+    assert seqs(tr.on_batch(batch(3), 1.6)) == [3] and tr.requests == []
+
+
+def test_a_forged_claim_never_hides_the_real_publishers_loss_shown_by_its_next_envelope():
+    tr = tracker()
+    _forged_hello_given_up(tr)
+    assert tr.on_batch(batch(3), 1.0) == [] and tr.gap_open("A", "t")  # 2 was lost: held, not passed
+    assert seqs(tr.on_batch(batch(2), 1.1)) == [2, 3] and not tr.gap_open("A", "t")  # late, not lost
+    assert tr.on_batch(batch(5), 1.2) == []
+    assert seqs(tr.tick(1.2 + WINDOW)) == [5]
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("gap_expired", (4, 4))]
+
+
+def test_after_a_step_down_the_real_publishers_hello_is_not_stale_below_the_forged_claim():
+    # The step down reaches the real numbers; a loss after it must be found by the next hello,
+    # although that hello is below what the forged one claimed (it used to be taken as stale).
+    tr = tracker()
+    _forged_hello_given_up(tr)
+    assert seqs(tr.on_batch(batch(2), 1.0)) == [2]
+    tr.on_hello(hello({"t": 4}), 1.1)  # 3 and 4 lost
+    assert tr.gap_open("A", "t")
+    tr.tick(1.1 + WINDOW)
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("gap_expired", (3, 4))]
+
+
+def test_a_forged_first_hello_never_hides_the_real_publishers_first_loss():
+    # A first contact by a forged hello (first_seen resync), then the real publisher's envelope 1,
+    # sent after that resync, lost, and its envelope 2: 1 is a gap, not passed over.
+    tr = tracker()
+    tr.on_hello(hello({"t": 9}), 0.0)
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("first_seen", (1, 9))]
+    assert tr.on_batch(batch(2), 0.1) == [] and tr.gap_open("A", "t")
+    assert seqs(tr.tick(0.1 + WINDOW)) == [2]
+    assert [(r.reason, r.missing) for r in tr.pop_requests()] == [("gap_expired", (1, 1))]
 
 
 def test_publishers_are_bounded_and_the_longest_silent_go_first():
