@@ -206,7 +206,7 @@ class Controller:
         self.reconcilers.update(reconcilers or {})
         # Values come packed (wire schema 2) and stay so; indexed tables' are decoded as applied.
         self.cache = VersionedCache(tombstone_horizon, transforms=transforms, decoded=rt.decoded_cache,
-                                    decoded_tables=(indexers or {}).keys())
+                                    decoded_tables=(indexers or {}).keys(), ordered=bool(state_dir))
         self.indexers = {t: Indexer(t, funcs) for t, funcs in (indexers or {}).items()}
         self.stats = stats = Stats("controller", name)
         self.queue: WorkQueue[_Ident] = WorkQueue(

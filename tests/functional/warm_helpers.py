@@ -26,7 +26,7 @@ class Run:
     """One run of a controller on ``store`` with ``state_dir``; ``reads`` counts what it read."""
 
     def __init__(self, store, state_dir, name="warm", *, interval=0.0, transforms=None, topics=TABLES,
-                 synced=True):
+                 synced=True, replay_max_ratio=None):
         self.store = store
         self.reads = Counted(store)
         self.seen = Seen()
@@ -35,7 +35,8 @@ class Run:
         self.ctrl = Controller(
             store, transport, topics, None, SubscriberOptions(message_delay_window=0.2), name,
             reconcilers={t: self.seen for t in topics}, transforms=transforms,
-            runtime=ControllerOptions(snapshot_interval=interval, checkpoint_interval=0),
+            runtime=ControllerOptions(snapshot_interval=interval, checkpoint_interval=0,
+                                      **({} if replay_max_ratio is None else {"replay_max_ratio": replay_max_ratio})),
             state_dir=str(state_dir),
         ).start()
         if synced:

@@ -12,11 +12,17 @@ import json
 import os
 import shutil
 import sqlite3
+import sys
 
 import pytest
 
+from dfpubsub import Publisher, PublisherOptions, SubscriberOptions, load_driver
+from dfpubsub.controller import Controller, ControllerOptions
 from dfpubsub.controller.snapfile import FILE, store_name
+from dfpubsub.metrics import Stats
+from dfpubsub.nbapi import NbApi
 from dfpubsub.store import open_store
+from tests.conftest import wait_for
 from tests.functional.controller_helpers import TABLES
 from tests.functional.df_db_helpers import base_env, df_db, ok
 from tests.functional.replay_helpers import Backend
@@ -152,7 +158,7 @@ def test_an_edited_snapshot_cannot_make_the_cache_wrong(backend, store, tmp_path
     store.delete("port", "k7")  # deleted since the snapshot
 
     def forge(header, chunks):
-        obj = next(c for c in chunks if c[0] == "o" and c[1] == "port")
+        obj = next(c for c in chunks if c[0] == "o" and c[1] == "port" and "k5" in c[3])
         keys, versions, blobs = obj[3], obj[4], obj[5]
         i = keys.index("k5")
         versions[i] = position + 1000  # a version from the future
@@ -269,3 +275,73 @@ def test_a_redis_store_restored_from_an_older_backup_is_relisted_over(backend, s
     for i in range(40):  # past the snapshot's position, other writes
         store.update("port", f"k{100 + i}", {"after-restore": i})
     relisted_over(store, tmp_path / "state", name, "history_rewound")
+
+
+def test_snapshots_copied_a_chunk_at_a_time_under_churn_resume_to_the_store(backend, store, tmp_path, request):
+    """A snapshot's copy of the cache is read a few keys at a time while the dispatch thread applies
+    events (the stall, issue 43): so it is of no single instant. Snapshots written while an API
+    worker creates, updates, deletes and re-creates, with events applied in the middle of their
+    copies, each taken as the last one a crash left, must resume to a cache equal to the store
+    (docs/reliability.md, "Warm restarts")."""
+    name = f"churn-{request.node.callspec.id}"
+    stats = Stats("p", name)
+    pub = Publisher(load_driver("zmq+tcp://127.0.0.1:*").publisher(stats), "api",
+                    PublisherOptions(batch_linger=0.001, max_idle_time=0.3), stats)
+    ctrl = Controller(store, load_driver("zmq").subscriber(Stats("s", name)), TABLES, None,
+                      SubscriberOptions(message_delay_window=0.2, max_idle_time=0.5), name,
+                      runtime=ControllerOptions(snapshot_interval=0.01, checkpoint_interval=0.2),
+                      state_dir=str(tmp_path / "state"))  # checkpoints move its positions, and repair beside snapshots
+    cache = ctrl.cache
+    cache.export_chunk = 1  # thousands of chunks a snapshot: events land between them
+    walking, during = [0], [0]
+    walk, apply = cache._walk, cache.apply
+
+    def counted_walk(table, chunk):
+        walking[0] += 1
+        try:
+            return walk(table, chunk)
+        finally:
+            walking[0] -= 1
+
+    def counted_apply(event):
+        during[0] += walking[0] > 0
+        return apply(event)
+
+    cache._walk, cache.apply = counted_walk, counted_apply
+    ctrl.connect(pub.transport.uri)
+    ctrl.start()
+    api, kept = NbApi(store, pub), []
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns within a walk of these few thousand objects, as in one of a million
+    try:
+        assert ctrl.synced.wait(60)
+        for i in range(20_000):
+            key = f"k{i % 97}"
+            if api.get("port", key) is None:
+                api.create("port", key, {"i": i})
+            elif i % 7 == 0:
+                api.delete("port", key)
+            else:
+                api.update("port", key, {"i": i})
+            if i % 150 == 149:  # the last snapshot so far, as a kill -9 would leave it
+                wait_for(lambda n=ctrl.stats.get("snapshots_written"): ctrl.stats.get("snapshots_written") > n + 1,
+                         what="two more snapshots written under churn")
+                kept.append(tmp_path / f"kept{i}")
+                os.makedirs(kept[-1])
+                shutil.copy(tmp_path / "state" / FILE, kept[-1] / FILE)
+                if during[0] >= 30 and len(kept) >= 3:
+                    break
+        assert during[0] >= 30, f"{during[0]} events applied during a copy in {i + 1} writes"
+    finally:
+        sys.setswitchinterval(switching)
+        ctrl.stop()
+        pub.close()
+    for i in range(20):  # and more while it is down
+        store.update("port", f"k{20 + i}", {"down": i}) if store.get("port", f"k{20 + i}") else None
+    for state in kept[-3:]:  # each replays what followed it: no limit on how far
+        run = Run(store, state, f"{name}-{state.name}", replay_max_ratio=10.0)
+        try:
+            assert (run.start.result, run.start.reason) == ("resumed", "replay"), run.start
+            assert cache_state(run.ctrl) == store_state(store)
+        finally:
+            run.stop()
