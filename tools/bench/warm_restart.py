@@ -1,8 +1,8 @@
 """warm_restart: what a controller's start costs the store, resumed from its snapshot against a full listing.
 
 For each table size (``--sizes``, default 20,000 port-like objects of ~190 bytes)
-on a private Redis (a server on a free loopback port in a temp dir), one
-controller runs in this process with a ``state_dir``:
+on a private Redis or etcd (``--store``; a server on a free loopback port in a
+temp dir), one controller runs in this process with a ``state_dir``:
 
 * **cold**: its first start (no snapshot: a full listing, as every start was
   before warm restarts); it is stopped cleanly (the snapshot is written), then
@@ -12,18 +12,19 @@ controller runs in this process with a ``state_dir``:
 * **relist**, the baseline in the same run: a controller without a state_dir
   starts on the same store (what a restart cost before).
 
-What the store served for each start is read from the server itself (``INFO
-stats`` ``total_net_output_bytes`` and ``INFO commandstats``, the INFO
-replies' own bytes taken out: tools/bench/storemeter.py's RedisMeter), from the
-start to ``synced``. Against it, what those ``--writes`` feed entries cost to
+What the store served for each start is read from the server itself (Redis:
+``INFO stats`` ``total_net_output_bytes`` and ``INFO commandstats``, the INFO
+replies' own bytes taken out; etcd: its ``/metrics``, gRPC bytes sent and calls
+started: tools/bench/storemeter.py's meters), from the start to ``synced``. Against it, what those ``--writes`` feed entries cost to
 read once (``read_feed``, measured the same way): the issue's target is a warm
 start of at most 10x that, the same at every table size.
 
 **Stall** (``--stall-objects``, default 1,000,000; 0: skipped): a controller on
 a SQLite store whose cache holds that many objects writes a snapshot while a
-thread applies events to the cache one at a time (one per 0.2 ms): the
-events' latency (p50/p99/max) during the write against before it, the time
-the cache's lock was held for the copy, and the snapshot's size against the
+thread applies events to the cache, each due at a fixed time (one per 0.2 ms;
+latency from when it was due, so that waits for the GIL outside ``apply()``
+count): the events' latency (p50/p99/max) during the write against before it,
+the time the copy took, and the snapshot's size against the
 cache's packed bytes (target <= 1.2); then the time a start takes to load that
 snapshot against a listing of the same objects from SQLite (target <= 0.5).
 
@@ -45,7 +46,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from storemeter import TABLE, RedisMeter, key_of, load, port_value, private_store
+from storemeter import TABLE, ServerMeter, key_of, load, port_value, private_store
 
 from dfpubsub import SubscriberOptions, load_driver
 from dfpubsub.controller import Controller, ControllerOptions
@@ -62,7 +63,7 @@ def controller(url: str, state_dir: str | None, name: str) -> Controller:
                       runtime=ControllerOptions(checkpoint_interval=0, snapshot_interval=0), state_dir=state_dir)
 
 
-def timed_start(ctl: Controller, meter: RedisMeter) -> dict[str, Any]:
+def timed_start(ctl: Controller, meter: ServerMeter) -> dict[str, Any]:
     """Start ``ctl`` and wait for ``synced``: what the server sent meanwhile, and the seconds."""
     before = meter.read()
     t0 = time.perf_counter()
@@ -77,7 +78,7 @@ def timed_start(ctl: Controller, meter: RedisMeter) -> dict[str, Any]:
             "start": None if start is None else f"{start.result}:{start.reason}"}
 
 
-def measure_size(url: str, meter: RedisMeter, store: Store, size: int, args: argparse.Namespace,
+def measure_size(url: str, meter: ServerMeter, store: Store, size: int, args: argparse.Namespace,
                  tmp: Path) -> dict[str, Any]:
     state_dir = str(tmp / f"state-{size}")
     cold_ctl = controller(url, state_dir, f"cold-{size}")
@@ -215,14 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writes", type=int, default=200, help="updates made while the controller is down")
     parser.add_argument("--load-threads", type=int, default=16)
     parser.add_argument("--stall-objects", type=int, default=1_000_000, help="0: no stall measure")
+    parser.add_argument("--store", choices=("redis", "etcd"), default="redis", help="the store whose starts are measured")
     args = parser.parse_args(argv)
     logging.getLogger("dfpubsub").setLevel(logging.WARNING)
     sizes = sorted(int(x) for x in args.sizes.split(",") if x)
-    result: dict[str, Any] = {"bench": "warm_restart", "ratio": 0.0, "store": "redis", "writes": args.writes}
+    result: dict[str, Any] = {"bench": "warm_restart", "ratio": 0.0, "store": args.store, "writes": args.writes}
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
         rows: dict[int, dict[str, Any]] = {}
-        with private_store("redis", Path(tmp)) as (url, meter):
-            assert isinstance(meter, RedisMeter)
+        with private_store(args.store, Path(tmp)) as (url, meter):
+            assert meter is not None
             store = open_store(url, [TABLE], prefix="bench")
             loaded = 0
             for size in sizes:
