@@ -31,7 +31,8 @@ Scenarios (``--scenarios``, in this order):
 * ``partition``: a tenth of the worker processes (at least one) SIGSTOPped for
   ``--partition-s`` while writes go on, then resumed;
 * ``restart``: every controller stopped and started again, one at a time per
-  worker process (the workers in parallel);
+  worker process (the workers in parallel); with ``--warm`` each keeps a
+  ``state_dir``, writes its snapshot as it stops and resumes from it;
 * ``history``: the feed's history gone for every controller: df-feed stops,
   ``--history-writes`` writes are made while the store keeps only the last
   ``--history-keep`` entries, and a new df-feed starts from the head: every
@@ -149,8 +150,9 @@ class Member:
         self.ctl = Controller(
             self.store, transport, [TABLE], name=name,
             options=SubscriberOptions(message_delay_window=cfg["window"], max_idle_time=cfg["idle"]),
-            runtime=ControllerOptions(workers=1, checkpoint_interval=cfg["checkpoint"]),
-            feeds=trust, admission=self.admission)
+            runtime=ControllerOptions(workers=1, checkpoint_interval=cfg["checkpoint"], snapshot_interval=0),
+            feeds=trust, admission=self.admission,
+            state_dir=os.path.join(cfg["state_root"], name) if cfg["state_root"] else None)
         self.discovery = open_discovery(cfg["discovery_url"], 3 * cfg["renew"], cfg["renew"], DISCOVERY_PREFIX)
         #: Discovery's first listing timed out (the store busy with other controllers' listings)
         #: and was tried again, as a supervisor would restart df-controller.
@@ -332,7 +334,7 @@ class Fleet:
             cfg = {"url": url, "discovery_url": discovery_url, "sub_driver": sub_driver, "first": first,
                    "count": count, "window": args.window, "idle": args.idle, "checkpoint": args.checkpoint,
                    "renew": args.renew, "slots": args.relist_slots, "jitter": args.relist_jitter,
-                   "page_size": args.page_size}
+                   "page_size": args.page_size, "state_root": args.state_root}
             self.procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(cfg)],
                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
             self.sizes.append(count)
@@ -740,6 +742,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="relists the store serves at once over the fleet ([relist] slots; 0: no bound)")
     parser.add_argument("--relist-jitter", type=float, default=2.0, help="[relist] jitter before a relist asks (s)")
     parser.add_argument("--page-size", type=int, default=5000, help="[relist] page_size of a listing of values")
+    parser.add_argument("--warm", action="store_true",
+                        help="controllers keep a state_dir (a snapshot written at each stop): restarts resume from it")
     args = parser.parse_args(argv)
     if args.worker:
         return worker_main(json.loads(args.worker))
@@ -761,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         truth = Path(tmp) / "expected.json"
         truth.write_text(json.dumps(expected), encoding="ascii")
         discovery_url = discovery_url_of(url, Path(tmp))
+        args.state_root = str(Path(tmp) / "state") if args.warm else None
         fleet = Fleet(args, url, discovery_url, sub_driver)
         run = None
         try:
@@ -781,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(args, rows)
     result: dict[str, Any] = {"bench": "fleet", "ratio": None, "store": args.store, "controllers": args.controllers,
                               "workers": args.workers, "objects": args.objects, "driver": args.driver,
+                              "warm": args.warm,
                               "run_s": round(time.monotonic() - t_start)}
     for name, r in rows.items():
         for k in ("bytes", "bytes_net", "fleet_rss", "threads", "wall_s", "commands", "store_cpu_s", "store_peak_rss", "converge_s", "replays", "relists",
