@@ -80,8 +80,17 @@ from .outbox import Outbox, RedisOutbox
 
 __all__ = ["RedisStore"]
 
-#: Objects fetched per script call (one round trip) when listing.
+#: Feed entries per XRANGE, and keys per batch of drop_all.
 _CHUNK = 1000
+#: Objects a script reads in one call (listings, get_many). A script holds the server for its whole
+#: run, ~5 us an object, and every other client's command waits behind it: 1,000 took ~5 ms, and a
+#: fleet relisting at once queued an API worker's writes behind several of them (p99 14-16 ms against
+#: 2 ms idle, docs/performance.md#fleet; 7 ms with 250, 4.7-4.9 ms with 100). Listing 200,000
+#: objects took as long with 100 as with 1,000 (2.0-2.2 s, values; the round trips are loopback's).
+_SCRIPT_KEYS = 100
+#: Keys of a table's index per SSCAN when a listing reads them all: SMEMBERS of 20,000 held the
+#: server ~6 ms.
+_SCAN_KEYS = 1000
 _FIELDS = ("topic", "version", "value")
 _MISSING, _CONFLICT, _EXISTS, _OUTBOX_FULL, _OUTBOX_FOREIGN = 1, 2, 3, 4, 5  # script status codes; 0 is success
 
@@ -487,8 +496,8 @@ class RedisStore(Store):
                         break
                     keys = [k for k in scanned if k not in seen]
                     seen.update(keys)
-                    for start in range(0, len(keys), _CHUNK):
-                        chunk = keys[start:start + _CHUNK]
+                    for start in range(0, len(keys), _SCRIPT_KEYS):
+                        chunk = keys[start:start + _SCRIPT_KEYS]
                         _fetched(tbl, chunk, base, c.fetch(keys=[base + k for k in chunk], args=wanted), out,
                                  blobs, values)
                 if out:
@@ -505,13 +514,15 @@ class RedisStore(Store):
         """
         index = self._set(table)
         try:
-            keys = list(cast("set[bytes]", c.r.smembers(index)))
+            # SSCAN rather than SMEMBERS, a part at a time (see _SCAN_KEYS); a key it returns twice
+            # (it may, while the set changes) counts once, and one present throughout is returned.
+            keys = list(dict.fromkeys(cast("Iterator[bytes]", c.r.sscan_iter(index, count=_SCAN_KEYS))))
         except redis.ResponseError as exc:  # the index is not a set: nothing of the table can be found
             foreign.skip("store_index", index, "wrong_type", str(exc))
             return
         base = self._obj(table, "").encode()
-        for start in range(0, len(keys), _CHUNK):
-            chunk = keys[start:start + _CHUNK]
+        for start in range(0, len(keys), _SCRIPT_KEYS):
+            chunk = keys[start:start + _SCRIPT_KEYS]
             yield chunk, base, script(keys=[base + k for k in chunk], args=wanted)
 
     def _revision(self, c: _Client) -> int:
@@ -556,8 +567,8 @@ class RedisStore(Store):
         c = self._connect()
         out: list[VersionedObject] = []
         decode = blobs is None
-        for start in range(0, len(refs), _CHUNK):
-            chunk = refs[start:start + _CHUNK]
+        for start in range(0, len(refs), _SCRIPT_KEYS):
+            chunk = refs[start:start + _SCRIPT_KEYS]
             names = [self._obj(t, k) for t, k in chunk]
             with self._errors("get_many"):
                 rows = c.fetch(keys=names, args=[])

@@ -321,6 +321,20 @@ def worker_main(cfg: dict[str, Any]) -> int:
 # -- the coordinator ----------------------------------------------------------------------------
 
 
+def pin(args: argparse.Namespace, meter: ServerMeter | None) -> set[int] | None:
+    """With ``--pin-fleet``: this process (df-feed, the writers) and the store server onto the first
+    CPU; the CPUs left for the controllers' processes (None without it)."""
+    if not args.pin_fleet:
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin-fleet needs two CPUs at least")
+    os.sched_setaffinity(0, {cpus[0]})
+    if meter is not None and meter.process is not None:
+        os.sched_setaffinity(meter.process.pid, {cpus[0]})
+    return set(cpus[1:])
+
+
 class Fleet:
     """The worker processes, asked together."""
 
@@ -337,6 +351,8 @@ class Fleet:
                    "page_size": args.page_size, "state_root": args.state_root}
             self.procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(cfg)],
                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            if args.fleet_cpus:
+                os.sched_setaffinity(self.procs[-1].pid, args.fleet_cpus)
             self.sizes.append(count)
             first += count
         self.n = args.controllers
@@ -742,6 +758,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="relists the store serves at once over the fleet ([relist] slots; 0: no bound)")
     parser.add_argument("--relist-jitter", type=float, default=2.0, help="[relist] jitter before a relist asks (s)")
     parser.add_argument("--page-size", type=int, default=5000, help="[relist] page_size of a listing of values")
+    parser.add_argument("--pin-fleet", action="store_true",
+                        help="the controllers' processes on every CPU but the first, the store server, df-feed and "
+                        "the writers on the first: what the store does to its other clients, without the "
+                        "fleet's own CPU on the same cores (on a real fleet, each controller has its host)")
     parser.add_argument("--warm", action="store_true",
                         help="controllers keep a state_dir (a snapshot written at each stop): restarts resume from it")
     args = parser.parse_args(argv)
@@ -766,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         truth.write_text(json.dumps(expected), encoding="ascii")
         discovery_url = discovery_url_of(url, Path(tmp))
         args.state_root = str(Path(tmp) / "state") if args.warm else None
+        args.fleet_cpus = pin(args, meter)
         fleet = Fleet(args, url, discovery_url, sub_driver)
         run = None
         try:
@@ -786,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(args, rows)
     result: dict[str, Any] = {"bench": "fleet", "ratio": None, "store": args.store, "controllers": args.controllers,
                               "workers": args.workers, "objects": args.objects, "driver": args.driver,
-                              "warm": args.warm,
+                              "warm": args.warm, "pinned": bool(args.fleet_cpus),
                               "run_s": round(time.monotonic() - t_start)}
     for name, r in rows.items():
         for k in ("bytes", "bytes_net", "fleet_rss", "threads", "wall_s", "commands", "store_cpu_s", "store_peak_rss", "converge_s", "replays", "relists",
