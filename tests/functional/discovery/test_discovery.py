@@ -456,6 +456,7 @@ def test_a_forked_child_closing_its_copy_leaves_the_parents_row(tmp_path):
         assert again.list() == []
 
 
+@pytest.mark.own_process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_etcd_discovery_survives_a_fork_while_it_renews_and_watches(etcd_server):
     """Its channels are the store's EtcdChannel: closed around the fork (a renewal or the watch in

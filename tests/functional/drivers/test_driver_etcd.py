@@ -430,6 +430,7 @@ def test_transport_is_unavailable_not_hung_without_a_server():
     transport.close()
 
 
+@pytest.mark.own_process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_fork_loses_nothing_and_the_child_publishes_on_its_own_connection(shared_etcd):
     drv = driver(shared_etcd)

@@ -97,6 +97,7 @@ def test_bad_urls_are_config_errors():
             EtcdStore(url, TABLES)
 
 
+@pytest.mark.own_process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_gets_its_own_connection(store):
     store.create("port", "parent", 1)  # the parent's loop and channel exist before the fork
