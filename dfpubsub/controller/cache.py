@@ -463,9 +463,8 @@ class VersionedCache:
                     log, at = current, 0
                     fresh = [] if len(log) > len(rows) + len(rows) // 4 + chunk else None
                 part = log[at:at + chunk]
-                if not part:
-                    if fresh is not None:  # the keys created since the walk ended follow
-                        fresh.extend(log[at:])
+                if not part:  # the end, under the lock: every key created meanwhile was read
+                    if fresh is not None:
                         logs[table] = fresh
                     break
                 held = list(map(rows.get, part))

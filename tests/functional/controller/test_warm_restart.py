@@ -324,7 +324,8 @@ def test_snapshots_copied_a_chunk_at_a_time_under_churn_resume_to_the_store(back
             else:
                 api.update("port", key, {"i": i})
             if i % 150 == 149:  # the last snapshot so far, as a kill -9 would leave it
-                wait_for(lambda n=ctrl.stats.get("snapshots_written"): ctrl.stats.get("snapshots_written") > n + 1,
+                written = ctrl.stats.get("snapshots_written")
+                wait_for(lambda: ctrl.stats.get("snapshots_written") > written + 1,
                          what="two more snapshots written under churn")
                 kept.append(tmp_path / f"kept{i}")
                 os.makedirs(kept[-1])
