@@ -67,8 +67,13 @@ def controller(url: str, state_dir: str | None, name: str) -> Controller:
                       runtime=ControllerOptions(checkpoint_interval=0, snapshot_interval=0), state_dir=state_dir)
 
 
-def timed_start(ctl: Controller, meter: ServerMeter) -> dict[str, Any]:
-    """Start ``ctl`` and wait for ``synced``: what the server sent meanwhile, and the seconds."""
+#: What a store without a server (SQLite) says it sent: nothing to ask.
+NO_SERVER = ServerMeter()
+
+
+def timed_start(ctl: Controller, meter: ServerMeter = NO_SERVER) -> dict[str, Any]:
+    """Start ``ctl`` and wait for ``synced``: what the server sent meanwhile (None without a server
+    to ask: SQLite), and the seconds."""
     before = meter.read()
     t0 = time.perf_counter()
     ctl.start()
@@ -78,7 +83,7 @@ def timed_start(ctl: Controller, meter: ServerMeter) -> dict[str, Any]:
     cost = meter.delta(before, meter.read())
     snaps = ctl.snapshots
     start = snaps.warm_start if snaps is not None else None
-    return {"bytes": cost["bytes"], "commands": cost["commands"], "seconds": seconds,
+    return {"bytes": cost.get("bytes"), "commands": cost.get("commands"), "seconds": seconds,
             "start": None if start is None else f"{start.result}:{start.reason}"}
 
 
@@ -178,18 +183,14 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
     # The start from that snapshot also reads back every object the timed events touched: their
     # versions are the bench's, above the store's head, which no write of the store explains. The
     # target's start is from a snapshot of the table as the store has it: one written quietly.
-    events_seconds, events_start = timed_warm_start(url, str(tmp / "stall-state"), "stall-warm")
+    after_events = started_once(url, str(tmp / "stall-state"), "stall-warm")
     quiet = synced_like(url, store, head, str(tmp / "quiet-state"), "quiet")
     assert quiet.snapshots is not None and quiet.snapshots.write()
     quiet.store.close()
     del quiet
-    warm_seconds, warm_start = timed_warm_start(url, str(tmp / "quiet-state"), "quiet-warm")
-    t0 = time.perf_counter()
-    cold = controller(url, None, "stall-cold").start()
-    cold.synced.wait(600)
-    cold_seconds = time.perf_counter() - t0
-    cold.stop()
-    cold.store.close()
+    warm = started_once(url, str(tmp / "quiet-state"), "quiet-warm")
+    warm_seconds, events_seconds = warm["seconds"], after_events["seconds"]
+    cold_seconds = started_once(url, None, "stall-cold")["seconds"]
     store.close()
     row = {"objects": objects, "written": ok, "write_seconds": round(ended - began, 3),
            "copy_ms": round(1000 * max(held, default=0.0), 1), "p50_ms": round(pct(during, 0.5), 3),
@@ -197,8 +198,8 @@ def measure_stall(objects: int, tmp: Path) -> dict[str, Any]:
            "idle_p99_ms": round(pct(idle, 0.99), 3), "events_during": len(during),
            "snapshot_bytes": size, "packed_bytes": packed, "size_ratio": round(size / max(packed, 1), 3),
            "warm_seconds": round(warm_seconds, 2), "relist_seconds": round(cold_seconds, 2),
-           "warm_start": warm_start, "start_ratio": round(warm_seconds / max(cold_seconds, 1e-9), 3),
-           "events_warm_seconds": round(events_seconds, 2), "events_warm_start": events_start,
+           "warm_start": warm["start"], "start_ratio": round(warm_seconds / max(cold_seconds, 1e-9), 3),
+           "events_warm_seconds": round(events_seconds, 2), "events_warm_start": after_events["start"],
            "start_ratio_after_events": round(events_seconds / max(cold_seconds, 1e-9), 3)}
     print(f"stall: snapshot of {objects:,} objects written in {row['write_seconds']}s, copied in {row['copy_ms']} ms; "
           f"event latency during it p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, max {row['max_ms']} ms "
@@ -225,16 +226,14 @@ def synced_like(url: str, store: Store, head: int, state_dir: str, name: str) ->
     return ctl
 
 
-def timed_warm_start(url: str, state_dir: str, name: str) -> tuple[float, str | None]:
-    """Seconds from a start on ``state_dir`` to synced, and how it started."""
-    t0 = time.perf_counter()
-    warm = controller(url, state_dir, name).start()
-    warm.synced.wait(600)
-    seconds = time.perf_counter() - t0
-    start = warm.snapshots.warm_start if warm.snapshots is not None else None
-    warm.stop()
-    warm.store.close()
-    return seconds, None if start is None else f"{start.result}:{start.reason}"
+def started_once(url: str, state_dir: str | None, name: str) -> dict[str, Any]:
+    """:func:`timed_start` of a controller on ``state_dir``, stopped after it."""
+    ctl = controller(url, state_dir, name)
+    try:
+        return timed_start(ctl)
+    finally:
+        ctl.stop()
+        ctl.store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
